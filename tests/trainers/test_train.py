@@ -163,6 +163,58 @@ def test_grpo_and_lora_run(tmp_path):
     assert lora_b and any(p.abs().sum() > 0 for p in lora_b)  # B starts at zero; it moved
 
 
+def test_tensorboard_mirrors_every_numeric_metric(tmp_path):
+    """The TensorBoard events hold the JSONL records: one series per numeric metric, same steps."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = corridor(
+        tmp_path, tensorboard=True, iterations=2, num_groups=2, group_size=2, eval_every=1,
+        eval_groups=2, env_kwargs={"length": 2},
+    )  # fmt: skip
+    history = train(config)
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for record in history:
+        for key, value in record.items():
+            if key != "iteration" and isinstance(value, (int, float)):
+                expected.setdefault(key, []).append((record["iteration"], float(value)))
+    assert ROLLOUT_KEYS - {"iteration"} <= set(expected)
+    assert "eval/success_rate" in expected and len(expected["eval/success_rate"]) == 3
+
+    events = EventAccumulator(str(tmp_path / "run" / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == set(expected)
+    for key, series in expected.items():
+        logged = [(e.step, e.value) for e in events.Scalars(key)]
+        assert [step for step, _ in logged] == [step for step, _ in series], key
+        # TensorBoard stores float32.
+        assert [v for _, v in logged] == pytest.approx([v for _, v in series], rel=1e-6), key
+
+
+def test_missing_tensorboard_is_reported_once(tmp_path, monkeypatch, capsys):
+    """Asking for TensorBoard without the package logs to JSONL and says why there are no events."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name == "torch.utils.tensorboard":
+            raise ImportError("No module named 'tensorboard'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    from trainers.gigpo.train import MetricLogger
+
+    logger = MetricLogger(tmp_path / "run", tensorboard=True)
+    logger.log({"iteration": 1, "rollout/return": 0.5})
+    logger.close()
+    assert "tensorboard is not installed" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "tb").exists()
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text()) == {
+        "iteration": 1, "rollout/return": 0.5,
+    }  # fmt: skip
+
+
 def test_cli_parses_presets_and_overrides():
     c = parse_args(["--env", "AgentGym/Sokoban-v0", "--iterations", "2", "--advantage", "grpo"])
     assert (c.env, c.iterations, c.advantage, c.max_steps) == ("AgentGym/Sokoban-v0", 2, "grpo", 15)

@@ -263,7 +263,12 @@ def pad_right_aligned(rows: list[torch.Tensor], width: int, device: torch.device
 # logging and checkpoints
 # ----------------------------------------------------------------------------------------------
 class MetricLogger:
-    """Appends one JSON object per record to ``metrics.jsonl``; mirrors scalars to TensorBoard."""
+    """Appends one JSON object per record to ``metrics.jsonl``; mirrors scalars to TensorBoard.
+
+    TensorBoard events go to ``<out_dir>/tb``: one scalar series per numeric metric, named as in
+    the JSONL record, at step ``record["iteration"]``. Without the ``tensorboard`` package the
+    logger says so once and writes the JSONL only.
+    """
 
     def __init__(self, out_dir: Path, tensorboard: bool):
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -272,10 +277,14 @@ class MetricLogger:
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-
-                self.writer = SummaryWriter(str(out_dir / "tb"))
             except ImportError:  # tensorboard is optional
-                self.writer = None
+                print(
+                    "tensorboard is not installed: logging to metrics.jsonl only "
+                    "(pip install tensorboard, or pass --no-tensorboard to silence this)",
+                    file=sys.stderr,
+                )
+            else:
+                self.writer = SummaryWriter(str(out_dir / "tb"))
 
     def log(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as f:
