@@ -16,6 +16,7 @@ diagnostics (``rollout/logprob_diff``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -167,9 +168,10 @@ class VLLMPolicy:
 
     Untested here (no GPU and no vLLM in this repository's CI). Weight sync uses
     ``LLM.collective_rpc`` to call ``model_runner.model.load_weights`` inside the engine's
-    worker (vLLM >= 0.8, in-process worker: set ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` so the
-    tensors need no copy between processes), with the V0 ``llm_engine.model_executor.
-    driver_worker`` path as a fallback for older versions.
+    worker (vLLM >= 0.8), with the V0 ``llm_engine.model_executor.driver_worker`` path as a
+    fallback for older versions. The V1 engine is kept in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the caller set it): otherwise every sync would
+    pickle the whole state dict to the engine process.
     """
 
     def __init__(
@@ -185,6 +187,8 @@ class VLLMPolicy:
         dtype: str = "bfloat16",
         seed: int = 0,
     ):
+        # Read by vLLM when the engine starts, so it must be set before LLM(...).
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         try:
             import vllm
         except ImportError as exc:  # pragma: no cover - depends on the install
