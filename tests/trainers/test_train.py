@@ -285,6 +285,56 @@ def test_hf_policy_logprobs_match_training_forward():
     ]
 
 
+def test_hf_policy_samples_the_trained_distribution_not_the_model_defaults():
+    """A model's generation defaults (Qwen ships repetition_penalty, top_k, temperature) do not
+    leak into rollouts: greedy decoding is the argmax of the raw logits at every step."""
+    from trainers.gigpo.policy import HFPolicy, chat_prompt_ids
+    from trainers.gigpo.tiny import build_model, build_tokenizer
+
+    tok = build_tokenizer(["Room 1 of 3 . Light comes through the red door . blue green back"])
+    model = build_model(tok, seed=1).eval()
+    model.generation_config.repetition_penalty = 100.0
+    model.generation_config.top_k = 1
+    model.generation_config.temperature = 0.3
+    policy = HFPolicy(model, tok, max_new_tokens=8)
+    prompt = "Room 1 of 3."
+    ids = torch.tensor([chat_prompt_ids(tok, prompt)])
+    expected = []
+    with torch.no_grad():
+        for _ in range(8):  # greedy by hand, on raw logits
+            nxt = int(model(ids).logits[0, -1].argmax())
+            expected.append(nxt)
+            if nxt == tok.eos_token_id:
+                break
+            ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+    # The hand-rolled decode repeats a token, so a leaked repetition penalty would change it.
+    assert len(set(expected)) < len(expected), expected
+    assert policy.generate([prompt], temperature=0)[0].response_ids == expected
+
+
+def test_bf16_autocast_and_gradient_checkpointing_on_cpu(tmp_path):
+    """The GPU update path (bf16 autocast, activation checkpointing) runs here on CPU.
+
+    Checkpointing trades memory for compute and must not change the numbers: its run equals
+    the plain fp32 run exactly. bf16 autocast does change them, slightly, and still trains.
+    """
+    common = dict(iterations=1, num_groups=2, group_size=4, eval_every=0, seed=5,
+                  env_kwargs={"length": 2}, save_final=False)  # fmt: skip
+
+    def untimed(records):
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+
+    plain = train(corridor(tmp_path / "fp32", gradient_checkpointing=False, **common))
+    ckpt = train(corridor(tmp_path / "ckpt", gradient_checkpointing=True, **common))
+    bf16 = train(
+        corridor(tmp_path / "bf16", dtype="bfloat16", gradient_checkpointing=True, **common)
+    )
+    assert untimed(ckpt) == untimed(plain)
+    rec = bf16[-1]
+    assert math.isfinite(rec["update/loss"]) and rec["update/grad_norm"] > 0
+    assert untimed(bf16) != untimed(plain)  # bf16 compute took effect
+
+
 def test_tiny_tokenizer_round_trips_beside_a_qwen2_config(tmp_path):
     """Saved with its model, the word-level tokenizer loads back unchanged (AutoTokenizer alone
     would rebuild Qwen's BPE around it and drop every word)."""

@@ -117,8 +117,8 @@ class Config:
     """LoRA rank (peft); 0 trains all weights. With LoRA the reference is the base model."""
     lora_alpha: int = 32
     """LoRA alpha"""
-    gradient_checkpointing: bool = True
-    """activation checkpointing during the update (GPU only)"""
+    gradient_checkpointing: bool | None = None
+    """activation checkpointing during the update (memory for compute); None: on CUDA only"""
     dtype: str = "auto"
     """``auto`` (bf16 on GPU, fp32 on CPU), ``bfloat16`` or ``float32``"""
     device: str = "auto"

@@ -17,11 +17,13 @@ diagnostics (``rollout/logprob_diff``).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
 
 @dataclass
@@ -67,7 +69,11 @@ class HFPolicy:
     """Sampling with ``transformers``' ``generate`` on the training model itself.
 
     Prompts are left-padded into batches of ``batch_size``; sampling uses the full distribution
-    at ``temperature`` (``top_k`` off, ``top_p`` as given); ``temperature=0`` is greedy.
+    at ``temperature`` (``top_k`` off, ``top_p`` as given); ``temperature=0`` is greedy. The
+    model's own generation defaults that reshape the distribution (Qwen's instruct models ship
+    ``repetition_penalty=1.05``, ``top_k=20``, ``temperature=0.7``) are overridden, so rollouts
+    are sampled from the policy the update trains. ``autocast`` (a context-manager factory, e.g.
+    bf16 on GPU) wraps generation; the log-probs are computed in float32.
     """
 
     def __init__(
@@ -80,6 +86,7 @@ class HFPolicy:
         max_new_tokens: int = 512,
         max_prompt_tokens: int | None = None,
         batch_size: int = 64,
+        autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -88,6 +95,7 @@ class HFPolicy:
         self.max_new_tokens = max_new_tokens
         self.max_prompt_tokens = max_prompt_tokens
         self.batch_size = batch_size
+        self.autocast = autocast
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
@@ -136,20 +144,20 @@ class HFPolicy:
             if greedy
             else {"do_sample": True, "temperature": temperature, "top_p": self.top_p, "top_k": 0}
         )
-        result = self.model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention.to(device),
-            max_new_tokens=self.max_new_tokens,
-            pad_token_id=self.pad_id,
-            eos_token_id=self.eos_ids,
-            output_logits=True,
-            return_dict_in_generate=True,
-            **sampling,
-        )
-        new = result.sequences[:, width:]  # (B, T_new)
-        logits = torch.stack(result.logits, dim=1).float()  # (B, T_new, V), raw model logits
-        scale = 1.0 if greedy else temperature
-        logp = torch.log_softmax(logits / scale, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        recorder = _SampledLogprobs(1.0 if greedy else temperature)
+        with self.autocast():
+            sequences = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention.to(device),
+                max_new_tokens=self.max_new_tokens,
+                pad_token_id=self.pad_id,
+                eos_token_id=self.eos_ids,
+                repetition_penalty=1.0,  # not the model's default: sample the trained policy
+                logits_processor=LogitsProcessorList([recorder]),
+                **sampling,
+            )
+        new = sequences[:, width:]  # (B, T_new)
+        logp = recorder.finish(new)  # (B, T_new), float32
         # Keep tokens up to and including the first end-of-turn token; the rest is padding.
         is_eos = torch.isin(new, torch.tensor(self.eos_ids, device=new.device))
         after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
@@ -251,6 +259,42 @@ class VLLMPolicy:
             )
         if hasattr(self.llm, "reset_prefix_cache"):
             self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+
+
+class _SampledLogprobs(LogitsProcessor):
+    """Records log p(sampled token) at every generation step, one (B, V) step at a time.
+
+    ``generate`` calls it with the model's logits before sampling; the token drawn from them is
+    the last column of ``input_ids`` at the next call (and of the output after the last one).
+    Keeping only the previous step's log-softmax costs O(B * V) memory, where
+    ``output_logits=True`` would keep every step's logits (O(B * T * V): about 20 GB for 64
+    responses of 512 tokens over Qwen's 152k-token vocabulary). It runs before the sampling
+    warpers, so the log-probs are of the full distribution at ``temperature``, the distribution
+    the update's forward pass scores.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.previous: torch.Tensor | None = None  # (B, V) log-softmax of the last step
+        self.steps: list[torch.Tensor] = []  # (B,) per generated token
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        if self.previous is not None:
+            self.steps.append(self.previous.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
+            self.previous = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._take(input_ids[:, -1])
+        self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T_new) log-probs of ``new_tokens``, the generated part of the sequences."""
+        if new_tokens.shape[1]:
+            self._take(new_tokens[:, -1])
+        if not self.steps:
+            return torch.zeros(new_tokens.shape, dtype=torch.float32, device=new_tokens.device)
+        return torch.stack(self.steps, dim=1)
 
 
 def _merged_lora_state(model: Any) -> dict[str, torch.Tensor]:

@@ -374,15 +374,19 @@ def train(config: Config) -> list[dict[str, Any]]:
 
     model, tokenizer = load_model_and_tokenizer(config, resume_dir)
     model.to(device)
-    if device.type == "cuda" and config.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    checkpointing = config.gradient_checkpointing
+    if checkpointing or (checkpointing is None and device.type == "cuda"):
+        # transformers 5 renamed it; >= 4.45 (our floor) only has the old name.
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        (enable or model.gradient_checkpointing_enable)()
         model.config.use_cache = False  # generate() turns the cache back on for itself
     model.train()
     pad_id = tokenizer.pad_token_id
 
     def autocast():
-        if device.type == "cuda" and compute_dtype != torch.float32:
-            return torch.autocast("cuda", dtype=compute_dtype)
+        # fp32 master weights, low-precision compute (CPU autocast too, when asked for).
+        if compute_dtype != torch.float32:
+            return torch.autocast(device.type, dtype=compute_dtype)
         return nullcontext()
 
     # The KL reference is the initial policy: a frozen copy, or the LoRA base (adapter off).
@@ -415,6 +419,7 @@ def train(config: Config) -> list[dict[str, Any]]:
             max_new_tokens=config.max_new_tokens,
             max_prompt_tokens=config.max_prompt_tokens,
             batch_size=config.generation_batch_size,
+            autocast=autocast,
         )
     else:
         raise ValueError(
