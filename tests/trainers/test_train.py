@@ -264,30 +264,46 @@ def test_model_given_by_path_trains_and_resumes(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_one_iteration_qwen2_5_1_5b_sized_on_gpu(tmp_path):
-    """One full iteration with a Qwen2.5-1.5B-shaped random model (no download) on Sokoban."""
-    import time
+    """One full iteration with a Qwen2.5-1.5B-shaped random model (no download) on Sokoban:
+    ``benchmarks/bench_gpu_iteration.py`` at the preset, figures written to tmp_path."""
+    result = run_benchmark("bench_gpu_iteration.py", "--out", str(tmp_path / "gpu.json"))
+    assert result["model"]["parameters"] > 1.5e9 and result["peak_gpu_memory_gib"] > 0
+    assert math.isfinite(result["update_loss"]) and result["generate_tokens_per_s"] > 0
+    print(json.dumps({k: v for k, v in result.items() if k != "record"}, indent=1))
 
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from trainers.gigpo.tiny import build_tokenizer
+def test_gpu_iteration_benchmark_runs_on_cpu_with_a_small_model(tmp_path):
+    """The GPU benchmark's own code path, end to end on CPU with a 2-layer model of the real
+    vocabulary size, so a session lent a GPU runs it first time."""
+    result = run_benchmark(
+        "bench_gpu_iteration.py", "--device", "cpu", "--layers", "2", "--hidden", "64",
+        "--max-new-tokens", "3", "--num-groups", "2", "--group-size", "2", "--max-steps", "2",
+        "--out", str(tmp_path / "gpu.json"),
+    )  # fmt: skip
+    assert result["config"]["num_groups"] == 2 and result["config"]["max_new_tokens"] == 3
+    assert result["model"]["parameters"] > 151936 * 64  # the real vocabulary's embedding
+    assert result["peak_gpu_memory_gib"] is None and math.isfinite(result["update_loss"])
+    # Rows are steps of the 4 episodes; a random model rarely samples its end token among
+    # 151,936 ids, so responses run to the 3-token cap.
+    assert (
+        4 <= result["rows"] <= 8
+        and result["rows"] == result["record"]["rollout/episode_length"] * 4
+    )
+    assert result["generated_tokens"] <= 3 * result["rows"]
+    assert result["generate_tokens_per_s"] == pytest.approx(
+        result["generated_tokens"] / result["time_s"]["generate"]
+    )
 
-    tok = build_tokenizer(["up down left right # _ O X P"])
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                      num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
-    path = tmp_path / "qwen-1.5b-random"
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    history = train(Config.for_env(
-        "AgentGym/Sokoban-v0", model=str(path), iterations=1, eval_every=0, device="cuda",
-        max_new_tokens=64, out_dir=str(tmp_path / "run"), progress=False, save_final=False,
-    ))  # fmt: skip
-    rec = history[-1]
-    tokens = rec["rollout/response_tokens"] * rec["rollout/episode_length"] * 16 * 8
-    print(f"gen tokens/s {tokens / rec['time/generate']:.0f}, update {rec['time/update']:.1f}s, "
-          f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB, total {time.perf_counter() - t0:.0f}s")  # fmt: skip
-    assert math.isfinite(rec["update/loss"])
+
+def run_benchmark(script: str, *args: str) -> dict:
+    """Run ``benchmarks/<script>`` as a user would; returns the JSON it wrote to ``--out``."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, str(root / "benchmarks" / script), *args], check=True, cwd=root)
+    return json.loads(Path(args[args.index("--out") + 1]).read_text())
 
 
 def test_hf_policy_logprobs_match_training_forward():

@@ -102,6 +102,58 @@ def build_model(
     return model
 
 
+#: Qwen2.5-1.5B's architecture (its config.json) without the weights: 1.54B parameters.
+QWEN2_5_1_5B_SHAPE: dict[str, Any] = {
+    "vocab_size": 151936,
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+}
+
+
+def save_random_model(
+    path: str | Path,
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    **shape: Any,
+) -> int:
+    """Save a randomly initialised Qwen2 of :data:`QWEN2_5_1_5B_SHAPE` (``shape`` overrides any
+    field) with ``tokenizer`` to ``path``, loadable as ``--model path``; returns its parameter
+    count.
+
+    The vocabulary keeps the real model's size (the LM head's cost and memory are part of what
+    a full-size run measures); sampled ids past ``tokenizer``'s words decode to nothing. Weights
+    are initialised on ``device`` (seconds on a GPU, minutes for 1.5B on a CPU) and saved in
+    bf16; the trainer loads them as fp32 master weights.
+    """
+    spec = {**QWEN2_5_1_5B_SHAPE, **shape}
+    spec["vocab_size"] = max(spec["vocab_size"], len(tokenizer))
+    config = Qwen2Config(
+        **spec,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    params = sum(p.numel() for p in model.parameters())
+    model.to(torch.bfloat16).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return params
+
+
 def load_tokenizer(path: str | Path) -> Any:
     """Load a saved tokenizer: word-level (tiny) ones as-is, anything else with ``AutoTokenizer``.
 
