@@ -31,6 +31,11 @@ def corridor(tmp_path, **overrides) -> Config:
     return Config.for_env("AgentGym/Corridor-v0", **{**base, **overrides})
 
 
+def untimed(records):
+    """Records without their wall-clock timings (the only fields two equal runs may differ in)."""
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+
+
 def evals(history):
     return [r for r in history if "eval/success_rate" in r]
 
@@ -99,9 +104,6 @@ def test_checkpoint_resume_restores_state(tmp_path):
     )  # fmt: skip
     full = train(corridor(tmp_path / "a", **common))
     first = train(corridor(tmp_path / "b", **{**common, "iterations": 2}))
-
-    def untimed(records):
-        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
 
     assert len(full) == 3 and untimed(full[:2]) == untimed(first)  # same seed, same run
     ckpt_a = tmp_path / "a" / "run" / "checkpoint-2"
@@ -371,9 +373,6 @@ def test_bf16_autocast_and_gradient_checkpointing_on_cpu(tmp_path):
     """
     common = dict(iterations=1, num_groups=2, group_size=4, eval_every=0, seed=5,
                   env_kwargs={"length": 2}, save_final=False)  # fmt: skip
-
-    def untimed(records):
-        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
 
     plain = train(corridor(tmp_path / "fp32", gradient_checkpointing=False, **common))
     ckpt = train(corridor(tmp_path / "ckpt", gradient_checkpointing=True, **common))

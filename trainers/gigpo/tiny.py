@@ -81,7 +81,9 @@ def build_model(
     seed: int = 0,
 ) -> Qwen2ForCausalLM:
     """A randomly initialised Qwen2 causal LM over ``tokenizer``'s vocabulary (seeded)."""
-    config = Qwen2Config(
+    return _random_qwen2(
+        tokenizer,
+        seed=seed,
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=4 * hidden_size,
@@ -90,13 +92,28 @@ def build_model(
         num_key_value_heads=num_heads,
         max_position_embeddings=max_positions,
         tie_word_embeddings=True,
+    )
+
+
+def _random_qwen2(
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    seed: int,
+    device: str | torch.device = "cpu",
+    **spec: Any,
+) -> Qwen2ForCausalLM:
+    """A Qwen2 of config ``spec`` with seeded random weights on ``device`` (the global RNG is
+    left as it was), its special tokens and generation ids taken from ``tokenizer``."""
+    config = Qwen2Config(
+        **spec,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
+        with torch.device(device):
+            model = Qwen2ForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model
@@ -136,18 +153,7 @@ def save_random_model(
     """
     spec = {**QWEN2_5_1_5B_SHAPE, **shape}
     spec["vocab_size"] = max(spec["vocab_size"], len(tokenizer))
-    config = Qwen2Config(
-        **spec,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        with torch.device(device):
-            model = Qwen2ForCausalLM(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model = _random_qwen2(tokenizer, seed=seed, device=device, **spec)
     params = sum(p.numel() for p in model.parameters())
     model.to(torch.bfloat16).save_pretrained(path)
     tokenizer.save_pretrained(path)
