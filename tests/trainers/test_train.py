@@ -228,6 +228,17 @@ def test_cli_parses_presets_and_overrides():
         Config.for_env("AgentGym/Corridor-v0", learning_rate=1.0)
 
 
+def test_unknown_env_id_is_explained_before_any_work(tmp_path):
+    from trainers.gigpo.train import main
+
+    with pytest.raises(ValueError, match="unknown env id 'AgentGym/Nope-v0'.*AgentGym/Sokoban-v0"):
+        train(Config.for_env("AgentGym/Nope-v0", out_dir=str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists()  # nothing was loaded or written
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--env", "AgentGym/Nope-v0", "--out-dir", str(tmp_path / "run")])
+    assert "unknown env id" in str(exit_info.value.code)
+
+
 def test_model_given_by_path_trains_and_resumes(tmp_path):
     """The real-model path (``--model DIR``, as with a downloaded Qwen) on CPU: the same code the
     GPU iteration runs, with a small saved Qwen2 instead of a 1.5B one."""

@@ -362,8 +362,20 @@ def episode_metrics(prefix: str, batch: RolloutBatch) -> dict[str, float]:
 # ----------------------------------------------------------------------------------------------
 # the training loop
 # ----------------------------------------------------------------------------------------------
+def check_env_id(env: str) -> None:
+    """Raise ValueError naming the registered agentgym ids if ``env`` is not a registered id."""
+    import gymnasium as gym
+
+    import agentgym  # noqa: F401  (registers the AgentGym/ ids)
+
+    if env not in gym.registry:
+        ids = sorted(k for k in gym.registry if k.startswith("AgentGym/"))
+        raise ValueError(f"unknown env id {env!r}; agentgym registers: {', '.join(ids)}")
+
+
 def train(config: Config) -> list[dict[str, Any]]:
     """Run the configured training; returns the metric history (also in ``metrics.jsonl``)."""
+    check_env_id(config.env)  # before minutes of model loading, not after
     out_dir = Path(config.out_dir)
     resume_dir = Path(config.resume) if config.resume else None
     state = torch.load(resume_dir / STATE_FILE, weights_only=False) if resume_dir else None
@@ -688,6 +700,10 @@ def train(config: Config) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
+    try:
+        check_env_id(config.env)
+    except ValueError as err:
+        sys.exit(f"python -m trainers.gigpo.train: {err}")
     history = train(config)
     evals = [r for r in history if "eval/success_rate" in r]
     if evals:
