@@ -5,6 +5,8 @@ agentgym play AgentGym/Sokoban-v0   play in the terminal
 agentgym rollout                    random-policy group rollout over every family (the main job)
 agentgym rollout AgentGym/Sokoban-v0 --groups 16 --group-size 8
 agentgym bench AgentGym/Sokoban-v0 --steps 20000 --json out.json
+agentgym retrieval index --corpus wiki.jsonl --kind bm25 --out idx   build a search index
+agentgym retrieval serve --index idx --port 8000                     serve it over HTTP
 """
 
 from __future__ import annotations
@@ -281,6 +283,11 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--json", default=None, help="write the figures to this file")
     sb.add_argument("--quiet", action="store_true", help="no progress bar")
     sb.set_defaults(func=cmd_bench)
+
+    # `agentgym retrieval index|serve`: the retrieval stack owns its own sub-commands
+    from agentgym.retrieval.cli import add_parser as add_retrieval_parser
+
+    add_retrieval_parser(sub)
     return p
 
 
