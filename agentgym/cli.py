@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -23,6 +24,49 @@ import numpy as np
 
 import agentgym
 from agentgym.envs import ENTRIES
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an int >= 1 (checked before any work starts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _writable_file(text: str) -> str:
+    """argparse type: a file path we can write (its folder exists and is writable), checked up
+    front so that a long run does not fail at its last line."""
+    path = os.path.abspath(text)
+    folder = os.path.dirname(path)
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: permission denied")
+    return text
+
+
+def _write_json(path: str, payload: dict[str, Any]) -> None:
+    """Write JSON atomically: a temporary file in the same folder, then a rename."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=2, default=str)
+    os.replace(tmp, path)
+
+
+def _make_env(env_id: str) -> gym.Env:
+    """gym.make, turning missing data or packages into one line for the user, not a traceback."""
+    try:
+        return gym.make(env_id)
+    except FileNotFoundError as exc:
+        sys.exit(f"agentgym: {env_id}: {exc.args[-1] if exc.args else exc}")
+    except ImportError as exc:
+        sys.exit(f"agentgym: {env_id}: {exc}")
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -52,20 +96,38 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+_PLAY_HELP = """commands (they cost no step):
+  help, ?          this help
+  :legend          what the symbols mean
+  :reset           a new episode
+  :quit, quit, :q  leave
+an action is its text, or its number in the action list"""
+
+
 def cmd_play(args: argparse.Namespace) -> int:
+    try:  # line editing and history for input(); absent on some platforms
+        import readline  # noqa: F401
+    except ImportError:
+        pass
     env_id = _resolve(args.env_id)
-    env = gym.make(env_id)
-    obs, info = env.reset(seed=args.seed)
-    total = 0.0
-    print(
-        f"{env_id}  task {info['task_id']}  (type an action, a number from the list, "
-        "':reset' or ':quit')\n"
-    )
+    env = _make_env(env_id)
+    options = {"split": args.split} if args.split else None
+    try:
+        obs, info = env.reset(seed=args.seed, options=options)
+    except (FileNotFoundError, ImportError, ValueError) as exc:
+        sys.exit(f"agentgym: {env_id}: {exc}")
+    legend = getattr(env.unwrapped, "legend", None)
+    total, done = 0.0, False
+    print(f"{env_id}  task {info['task_id']}  (an action, its number, or 'help')")
+    if legend:
+        print(f"legend: {legend}")
+    print()
     while True:
-        print(obs)
-        choices = info.get("admissible_actions") or []
-        if choices:
-            print("\nactions: " + "  ".join(f"[{i}] {a}" for i, a in enumerate(choices)))
+        if not done:
+            print(obs)
+            choices = info.get("admissible_actions") or []
+            if choices:
+                print("\nactions: " + "  ".join(f"[{i}] {a}" for i, a in enumerate(choices)))
         try:
             text = input("> ").strip()
         except (EOFError, KeyboardInterrupt):
@@ -73,10 +135,21 @@ def cmd_play(args: argparse.Namespace) -> int:
             break
         if text in (":q", ":quit", "quit"):
             break
-        if text == ":reset":
-            obs, info = env.reset()
-            total = 0.0
+        if text in ("help", "?", ":help"):
+            print(_PLAY_HELP)
             continue
+        if text == ":legend":
+            print(f"legend: {legend}" if legend else "this env has no symbols to explain")
+            continue
+        if text == ":reset":
+            obs, info = env.reset(options=options)
+            total, done = 0.0, False
+            print(f"\ntask {info['task_id']}\n")
+            continue
+        if done:
+            print("The episode is over: ':reset' for a new one, ':quit' to leave.")
+            continue
+        choices = info.get("admissible_actions") or []
         if text.isdigit() and int(text) < len(choices):
             text = choices[int(text)]
         obs, reward, terminated, truncated, info = env.step(text)
@@ -85,7 +158,8 @@ def cmd_play(args: argparse.Namespace) -> int:
             f"\n[reward {reward:+.2f}, return {total:+.2f}{'' if info['action_valid'] else ', invalid action'}]"
         )
         if terminated or truncated:
-            print(obs)
+            done = True
+            print(obs)  # the final board, once
             print(
                 f"\nEpisode over: {'won' if info['won'] else 'truncated' if truncated else 'lost'}, "
                 f"return {total:+.2f}. ':reset' for a new one, ':quit' to leave."
@@ -125,7 +199,12 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         )
         try:
             rep = run_group_rollout(
-                env_id, args.groups, args.group_size, seed=args.seed, backend=args.backend
+                env_id,
+                args.groups,
+                args.group_size,
+                seed=args.seed,
+                backend=args.backend,
+                reset_options={"split": args.split} if args.split else None,
             )
         except Exception as exc:  # noqa: BLE001 - report every family, then fail at the end
             failed.append(f"{env_id}: {type(exc).__name__}: {exc}")
@@ -146,6 +225,16 @@ def cmd_rollout(args: argparse.Namespace) -> int:
                 f"{sg.singleton_fraction:.1%}",
             ]
         )
+    if not rows:
+        for s in skipped:
+            print(f"skipped {s}")
+        for s in failed:
+            print(f"FAILED {s}", file=sys.stderr)
+        print(
+            "agentgym: no rollout finished: every requested env failed or was skipped (see above)",
+            file=sys.stderr,
+        )
+        return 1
     print(
         _table(
             rows,
@@ -172,61 +261,76 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     for s in failed:
         print(f"FAILED {s}", file=sys.stderr)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {"reports": reports, "skipped": skipped, "failed": failed}, f, indent=2, default=str
-            )
+        _write_json(args.json, {"reports": reports, "skipped": skipped, "failed": failed})
     return 1 if failed else 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    """Env throughput with random admissible actions.
+
+    One rate is reported, everywhere (progress bar, printout, JSON): env steps per second of time
+    spent inside ``env.step`` and ``env.reset`` (the random choice of action is not timed).
+    """
     from tqdm import tqdm
 
     env_id = _resolve(args.env_id)
-    env = gym.make(env_id, disable_env_checker=True)
+    env = _make_env(env_id)
+    env = env.unwrapped  # time the env, not gymnasium's checker wrappers
     rng = np.random.default_rng(args.seed)
-    rates, resets = [], []
+    rates, step_ms, resets = [], [], []
     for rep in range(args.repeats):
+        t0 = time.perf_counter()
         obs, info = env.reset(seed=args.seed + rep)
-        steps, reset_times, seconds = 0, [], 0.0
+        env_seconds = time.perf_counter() - t0
+        steps, step_seconds, reset_times = 0, 0.0, []
         with tqdm(
             total=args.steps,
             desc=f"{env_id} run {rep + 1}/{args.repeats}",
             unit="step",
             disable=args.quiet,
             leave=False,
+            bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}",
         ) as bar:
             while steps < args.steps:
                 choices = info.get("admissible_actions") or ["look"]
                 action = choices[int(rng.integers(len(choices)))]
                 t0 = time.perf_counter()
                 obs, _, terminated, truncated, info = env.step(action)
-                seconds += time.perf_counter() - t0
+                dt = time.perf_counter() - t0
+                step_seconds += dt
+                env_seconds += dt
                 steps += 1
-                if steps % 256 == 0:
-                    bar.update(256)
                 if terminated or truncated:
                     t0 = time.perf_counter()
                     obs, info = env.reset()
-                    reset_times.append(time.perf_counter() - t0)
-        rates.append(steps / seconds)
+                    dt = time.perf_counter() - t0
+                    reset_times.append(dt)
+                    env_seconds += dt
+                if steps % 256 == 0:
+                    bar.update(256)
+                    bar.set_postfix_str(f"{steps / env_seconds:,.0f} steps/s")
+        rates.append(steps / env_seconds)
+        step_ms.append(1e3 * step_seconds / steps)
         resets.append(statistics.median(reset_times) if reset_times else float("nan"))
     env.close()
     result: dict[str, Any] = {
         "env_id": env_id,
+        "what": "env steps per second of time inside env.step and env.reset, "
+        "random admissible actions (choosing them is not timed)",
         "steps_per_run": args.steps,
         "repeats": args.repeats,
         "steps_per_second_median": statistics.median(rates),
         "steps_per_second_runs": rates,
+        "step_ms_median": statistics.median(step_ms),
         "reset_seconds_median": statistics.median(resets),
     }
     print(
-        f"{env_id}: {result['steps_per_second_median']:,.0f} steps/s (median of {args.repeats}), "
-        f"reset {result['reset_seconds_median'] * 1e3:.2f} ms (median); random admissible actions"
+        f"{env_id}: {result['steps_per_second_median']:,.0f} steps/s (median of {args.repeats} runs; "
+        f"time inside step and reset), step {result['step_ms_median']:.3f} ms, "
+        f"reset {result['reset_seconds_median'] * 1e3:.2f} ms (medians); random admissible actions"
     )
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        _write_json(args.json, result)
     return 0
 
 
@@ -236,7 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agentgym", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--version", action="version", version=f"agentgym {agentgym.__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    # not required=True: argparse would then report a missing command before an unknown flag
+    sub = p.add_subparsers(dest="command", metavar="{list,play,rollout,bench,retrieval}")
 
     sub.add_parser("list", help="registered ids, their family, packages and data").set_defaults(
         func=cmd_list
@@ -245,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("play", help="play an env in the terminal")
     sp.add_argument("env_id")
     sp.add_argument("--seed", type=int, default=None)
+    sp.add_argument("--split", default=None, help="task split, where the family has them")
     sp.set_defaults(func=cmd_play)
 
     sr = sub.add_parser(
@@ -257,8 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="ids to roll out (default: every family with no data to download)",
     )
-    sr.add_argument("--groups", type=int, default=4, help="tasks per rollout")
-    sr.add_argument("--group-size", type=int, default=8, help="trajectories per task")
+    sr.add_argument("--groups", type=_positive_int, default=4, help="tasks per rollout")
+    sr.add_argument("--group-size", type=_positive_int, default=8, help="trajectories per task")
+    sr.add_argument("--split", default=None, help="task split, where the family has them")
     sr.add_argument(
         "--policy",
         choices=["random"],
@@ -266,21 +373,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="random: uniform over admissible actions",
     )
     sr.add_argument("--seed", type=int, default=0)
-    sr.add_argument("--backend", choices=["inprocess", "process"], default="inprocess")
+    sr.add_argument(
+        "--backend",
+        choices=["inprocess", "process", "ray"],
+        default="inprocess",
+        help="where the envs run: this process, a worker pool, or Ray actors",
+    )
     sr.add_argument(
         "--include-real",
         action="store_true",
         help="also roll out ids that play real benchmark data",
     )
-    sr.add_argument("--json", default=None, help="write the reports to this file")
+    sr.add_argument(
+        "--json", type=_writable_file, default=None, help="write the reports to this file"
+    )
     sr.set_defaults(func=cmd_rollout)
 
     sb = sub.add_parser("bench", help="steps/s of one env with random admissible actions")
     sb.add_argument("env_id")
-    sb.add_argument("--steps", type=int, default=20000, help="steps per repeat")
-    sb.add_argument("--repeats", type=int, default=5)
+    sb.add_argument("--steps", type=_positive_int, default=20000, help="steps per repeat")
+    sb.add_argument("--repeats", type=_positive_int, default=5)
     sb.add_argument("--seed", type=int, default=0)
-    sb.add_argument("--json", default=None, help="write the figures to this file")
+    sb.add_argument(
+        "--json", type=_writable_file, default=None, help="write the figures to this file"
+    )
     sb.add_argument("--quiet", action="store_true", help="no progress bar")
     sb.set_defaults(func=cmd_bench)
 
@@ -292,7 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.error("choose a command: list, play, rollout, bench or retrieval ('agentgym -h')")
     try:
         return int(args.func(args) or 0)
     except KeyError as exc:  # unknown ids from the registry

@@ -106,10 +106,12 @@ def run_group_rollout(
     backend: str = "inprocess",
     env_kwargs: dict[str, Any] | None = None,
     vec: GroupVectorEnv | None = None,
+    reset_options: dict[str, Any] | None = None,
 ) -> RolloutReport:
     """One episode in each of ``num_groups x group_size`` envs; returns the summary.
 
     Pass ``vec`` to reuse a built vector env (its shape then overrides num_groups/group_size).
+    ``reset_options`` go to every env's reset (e.g. ``{"split": "valid"}``).
     """
     own = vec is None
     if vec is None:
@@ -117,7 +119,7 @@ def run_group_rollout(
     rng = np.random.default_rng(seed)
     try:
         start = time.perf_counter()
-        obs, infos = vec.reset(seed=seed)
+        obs, infos = vec.reset(seed=seed, options=reset_options)
         steps = 0
         while not vec.all_done:
             live = int(vec.active.sum())

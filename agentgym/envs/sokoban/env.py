@@ -199,6 +199,8 @@ class SokobanEnv(TextEnv):
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
     family: ClassVar[str] = "sokoban"
+    #: what the board's symbols mean (``agentgym play`` shows it)
+    legend: ClassVar[str] = ", ".join(f"{SYMBOLS[k]} {k.replace('_', ' ')}" for k in _GLYPH_ORDER)
     #: invalid actions cost the step penalty, as in verl-agent
     invalid_action_reward: ClassVar[float] = STEP_PENALTY
 
