@@ -45,7 +45,7 @@ def register_envs() -> None:
             continue
         gym.register(
             id=e.id,
-            entry_point=e.entry_point,
+            entry_point=e.make,  # checks the optional packages first: one line naming the extra
             kwargs=dict(e.kwargs),
             vector_entry_point=vector_entry_point(e.id),
             disable_env_checker=False,

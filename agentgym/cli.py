@@ -23,7 +23,7 @@ import gymnasium as gym
 import numpy as np
 
 import agentgym
-from agentgym.envs import ENTRIES
+from agentgym.envs import ENTRIES, install_hint
 
 
 def _positive_int(text: str) -> int:
@@ -175,7 +175,8 @@ def _rollout_ids(requested: list[str], include_real: bool) -> tuple[list[str], l
     for e in ENTRIES:
         if not e.available():
             skipped.append(
-                f"{e.id}: packages missing ({', '.join(e.needs)}); pip install 'agentgym[cpu]'"
+                f"{e.id}: packages missing ({', '.join(e.missing())}); "
+                + install_hint(e.extra or "cpu")
             )
         elif e.real_data and not include_real:
             skipped.append(

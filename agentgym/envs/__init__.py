@@ -12,6 +12,19 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
+#: The name agentgym is published under on the package index (``agentgym`` there is an
+#: unrelated project); install hints name it.
+DISTRIBUTION = "agentgym-envs"
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs an optional extra, e.g. ``pip install "agentgym-envs[alfworld]"``."""
+    return f'pip install "{DISTRIBUTION}[{extra}]" (in a clone: pip install -e ".[{extra}]")'
+
+
+class MissingExtra(ImportError):
+    """An env id needs optional packages that are not installed; the message names the extra."""
+
 
 @dataclass(frozen=True)
 class EnvEntry:
@@ -31,10 +44,29 @@ class EnvEntry:
     registered but skipped by the main job and the registry-wide tests"""
     real_data: bool = False
     """True where the id plays real benchmark data that may be absent on this machine"""
+    extra: str | None = None
+    """the optional extra (``pip install "agentgym-envs[EXTRA]"``) that installs ``needs``"""
+
+    def missing(self) -> list[str]:
+        """The modules of ``needs`` that are not importable here."""
+        return [m for m in self.needs if not _importable(m)]
 
     def available(self) -> bool:
         """Whether the optional packages this id needs are importable here."""
-        return all(importlib.util.find_spec(m) is not None for m in self.needs)
+        return not self.missing()
+
+    def check_available(self) -> None:
+        """Raise :class:`MissingExtra` (one line naming the extra) if packages are missing."""
+        missing = self.missing()
+        if missing:
+            how = install_hint(self.extra) if self.extra else "install them"
+            raise MissingExtra(f"{self.id} needs {', '.join(missing)}, not installed: {how}")
+
+    def make(self, **kwargs: Any) -> Any:
+        """Build the env (what gymnasium calls for this id): check the extras, then construct."""
+        self.check_available()
+        module, cls = self.entry_point.split(":")
+        return getattr(importlib.import_module(module), cls)(**kwargs)
 
     def describe_data(self) -> str:
         if self.data_status is None:
@@ -44,6 +76,13 @@ class EnvEntry:
             return getattr(importlib.import_module(module), func)()
         except Exception as exc:  # noqa: BLE001 - a status line must never crash `agentgym list`
             return f"unavailable ({type(exc).__name__}: {exc})"
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a broken module entry
+        return False
 
 
 _ALFWORLD_NEEDS = ("textworld", "alfworld")
@@ -76,6 +115,7 @@ ENTRIES: list[EnvEntry] = [
         data_status="agentgym.envs.alfworld:data_status",
         needs=_ALFWORLD_NEEDS,
         real_data=True,
+        extra="alfworld",
     ),
     EnvEntry(
         "AgentGym/ALFWorld-Synthetic-v0",
@@ -83,6 +123,7 @@ ENTRIES: list[EnvEntry] = [
         "alfworld",
         kwargs={"synthetic": True},
         needs=_ALFWORLD_NEEDS,
+        extra="alfworld",
     ),
     # --- corridor: a tiny env where step-level credit matters (trainer tests, GiGPO vs GRPO) ---
     EnvEntry("AgentGym/Corridor-v0", "agentgym.envs.corridor:CorridorEnv", "corridor"),

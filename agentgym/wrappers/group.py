@@ -345,7 +345,10 @@ class _RayBackend(_ShardedBackend):
         try:
             import ray
         except ImportError as exc:
-            raise ImportError("backend='ray' needs Ray: pip install 'agentgym[ray]'") from exc
+            raise ImportError(
+                "backend='ray' needs Ray: pip install 'agentgym-envs[ray]' "
+                "(in a clone: pip install -e '.[ray]')"
+            ) from exc
         super().__init__(factory, num_envs, num_workers, timeout)
         self.ray = ray
         if not ray.is_initialized():

@@ -201,7 +201,8 @@ class VLLMPolicy:
             import vllm
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise ImportError(
-                "backend='vllm' needs vLLM: pip install 'agentgym[vllm]', or use backend='hf'"
+                "backend='vllm' needs vLLM: pip install 'agentgym-envs[vllm]' "
+                "(in a clone: pip install -e '.[vllm]'), or use backend='hf'"
             ) from exc
         self._vllm = vllm
         self.tokenizer = tokenizer
