@@ -35,6 +35,7 @@ __all__ = [
     "MAX_OBS_CHARS",
     "TextEnv",
     "InvalidAction",
+    "ResetOptionError",
     "coerce_action",
     "describe_action",
 ]
@@ -85,6 +86,16 @@ class InvalidAction:
 
     def __repr__(self) -> str:
         return f"InvalidAction({self.message!r})"
+
+
+class ResetOptionError(ValueError):
+    """``reset(options=...)`` asked for something this env does not have.
+
+    The one exception type every agentgym env raises for bad reset options: an unknown option
+    name, a task index out of range, a task id of another env or split, an unknown split, or
+    options that are not a dict. The message says what is accepted. (A ``ValueError``, so code
+    that caught the old mix of ValueError subclasses keeps working.)
+    """
 
 
 def coerce_action(action: Any) -> str | None:
@@ -157,6 +168,10 @@ class TextEnv(gym.Env[str, str]):
     #: family name shown by ``agentgym list`` ("sokoban", "alfworld", ...)
     family: ClassVar[str] = "text"
 
+    #: the ``reset(options=...)`` keys this env understands; any other key is a
+    #: :class:`ResetOptionError` (a typo such as ``{"spilt": "test"}`` must not pass silently)
+    reset_option_keys: ClassVar[frozenset[str]] = frozenset({"task", "split"})
+
     @property
     def invalid_action_reward(self) -> float:
         """Reward of a step whose action was unusable (non-text, unparseable, inadmissible).
@@ -201,7 +216,17 @@ class TextEnv(gym.Env[str, str]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
-        obs, info = self._reset_task(dict(options or {}))
+        options = self._check_reset_options(options)
+        try:
+            obs, info = self._reset_task(options)
+        except ResetOptionError:
+            raise
+        except (KeyError, IndexError, TypeError, ValueError, OverflowError) as exc:
+            if not options:  # nothing the caller chose: a bug of the family, not bad input
+                raise
+            # one documented exception type for bad options, whatever the family raised
+            detail = exc.args[0] if len(exc.args) == 1 and isinstance(exc.args[0], str) else exc
+            raise ResetOptionError(f"{type(self).__name__}: bad reset options: {detail}") from exc
         self._elapsed_steps = 0
         self._done = None
         info.setdefault("action_valid", True)
@@ -239,6 +264,21 @@ class TextEnv(gym.Env[str, str]):
         return None
 
     # -- helpers ---------------------------------------------------------------------------
+    def _check_reset_options(self, options: Any) -> dict[str, Any]:
+        if options is None:
+            return {}
+        if not isinstance(options, dict):
+            raise ResetOptionError(
+                f"reset options must be a dict such as {{'task': 3}}, got {describe_action(options)}"
+            )
+        unknown = sorted(map(str, options.keys() - self.reset_option_keys))
+        if unknown:
+            raise ResetOptionError(
+                f"{type(self).__name__} has no reset option {', '.join(unknown)}; "
+                f"it accepts {', '.join(sorted(self.reset_option_keys))}"
+            )
+        return dict(options)
+
     @property
     def elapsed_steps(self) -> int:
         """Steps taken since the last reset (invalid actions count: they cost the agent a turn)."""
