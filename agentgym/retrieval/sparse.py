@@ -1,0 +1,627 @@
+"""BM25 over a list of texts, with Lucene's exact scoring, through bm25s or pyserini.
+
+Two backends give the same rankings:
+
+* ``"bm25s"`` (the default, and what ``"auto"`` picks): pure Python + numpy, no JVM. Texts are
+  analysed by :func:`lucene_tokenize`, a re-implementation of the analyzer pyserini indexes with
+  (Anserini's ``DefaultEnglishAnalyzer``), and scored exactly as Lucene's ``BM25Similarity``
+  scores: Lucene's idf, float32 arithmetic in Lucene's order, and document lengths rounded to the
+  one-byte ``SmallFloat`` norms Lucene keeps (that rounding moves scores of documents longer than
+  24 terms by up to ~6 %, enough to reorder close results, so it is reproduced). The per-term
+  scores live in bm25s's eager sparse matrix and its on-disk format (loadable with
+  ``bm25s.BM25.load``, memory-mapped by :meth:`BM25Index.load`).
+* ``"pyserini"``: a real Lucene index searched by pyserini's ``LuceneSearcher``. It needs a
+  Java 21+ virtual machine in the process (see :mod:`agentgym.retrieval.java`) and a JVM does not
+  survive ``fork``: create (or load) a pyserini index inside the process that searches it, never
+  before forking workers. It is opt-in because the two backends rank alike.
+
+Defaults ``k1=0.9, b=0.4`` are pyserini's ``LuceneSearcher`` defaults, used by Search-R1 and
+WebShop.
+
+Lucene's BM25 (``BM25Similarity``, Lucene 8+), for a query term t with ``c`` occurrences in the
+query (pyserini's bag-of-words query boosts a term by its count) and a document d::
+
+    idf(t)    = ln(1 + (N - df + 0.5) / (df + 0.5))       N = documents with >= 1 term
+    score(d)  = sum_t  c * idf(t) * tf / (tf + k1 * (1 - b + b * len(d) / avgdl))
+
+with ``len(d)`` decoded from its one-byte norm and ``avgdl`` the exact mean length. Only
+documents sharing at least one term with the query are returned; ties go to the lower row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import regex
+import scipy.sparse as sp
+from tqdm.auto import tqdm
+
+from agentgym.retrieval.base import Hit
+
+__all__ = [
+    "BACKENDS",
+    "LUCENE_ENGLISH_STOP_WORDS",
+    "BM25Index",
+    "BM25Retriever",
+    "lucene_tokenize",
+]
+
+BACKENDS = ("bm25s", "pyserini", "auto")
+META_FILE = "agentgym_bm25.json"
+FORMAT_VERSION = 1
+# Texts larger than this are tokenized with a progress bar.
+_PROGRESS_MIN_TEXTS = 20_000
+
+# ---------------------------------------------------------------------------------------------
+# The analyzer: Anserini's DefaultEnglishAnalyzer, i.e. StandardTokenizer -> EnglishPossessive
+# -> LowerCase -> Stop(Lucene English set) -> PorterStem.
+# ---------------------------------------------------------------------------------------------
+
+# Lucene's EnglishAnalyzer.ENGLISH_STOP_WORDS_SET.
+LUCENE_ENGLISH_STOP_WORDS = frozenset(
+    "a an and are as at be but by for if in into is it no not of on or such that the their then "
+    "there these they this to was will with".split()
+)
+
+# Word-break classes of Unicode UAX#29, as Lucene's StandardTokenizer (JFlex) applies them.
+# ALetter: letters and combining marks, minus the scripts that get their own rules below.
+_ALETTER = r"[\p{L}\p{M}\p{Nl}--\p{Han}--\p{Hiragana}--\p{Katakana}--\p{Thai}--\p{Lao}--\p{Khmer}--\p{Myanmar}]"
+_NUMERIC = r"[\p{Nd}]"
+_EXTEND_NUM_LET = r"[\p{Pc}]"  # "_" and other connector punctuation join anything
+_MID_LETTER = r"[:\u00b7\u0387\u05f4\u2027\ufe13\ufe55\uff1a]"
+_MID_NUM = r"[,;\u037e\u0589\u060c\u060d\u066c\u07f8\u2044\ufe10\ufe14\ufe50\ufe54\uff0c\uff1b]"
+_MID_NUM_LET = r"[.\u2018\u2019\u2024\ufe52\uff07\uff0e]"
+_SINGLE_QUOTE = "'"
+_WORD_CHAR = rf"[{_ALETTER}{_NUMERIC}{_EXTEND_NUM_LET}]"
+# A word: runs of letters/digits/underscores, joined by a mid-letter mark between two letters
+# (WB6/7: "can't", "u.s.a") or a mid-number mark between two digits (WB11/12: "3.14", "1,000").
+_WORD = (
+    rf"{_WORD_CHAR}+"
+    rf"(?:(?<={_ALETTER})(?:{_MID_LETTER}|{_MID_NUM_LET}|{_SINGLE_QUOTE})(?={_ALETTER})"
+    rf"{_WORD_CHAR}+"
+    rf"|(?<={_NUMERIC})(?:{_MID_NUM}|{_MID_NUM_LET}|{_SINGLE_QUOTE})(?={_NUMERIC}){_WORD_CHAR}+)*"
+)
+_TOKEN_RE = regex.compile(
+    rf"{_WORD}"
+    r"|[\p{Katakana}\u30fc\u309b\u309c\uff70]+"  # Katakana runs are one token
+    r"|[\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}]+"  # South-East Asian runs: no dictionary split
+    r"|\p{Han}|\p{Hiragana}",  # ideographs and hiragana: one token per character
+    flags=regex.V1,
+)
+# Java's Character.toLowerCase maps code points one to one; str.lower() does not for these.
+_JAVA_LOWER_FIX = str.maketrans({"\u0130": "i", "\u03a3": "\u03c3"})
+_POSSESSIVE_SUFFIXES = ("'s", "\u2019s", "\uff07s")
+# StandardTokenizer cuts longer words into pieces of this many characters.
+_MAX_TOKEN_LENGTH = 255
+
+
+def _raw_tokens(text: str) -> list[str]:
+    """Lower-cased StandardTokenizer tokens of ``text`` (before possessive/stop/stem)."""
+    if not text.isascii():
+        text = text.translate(_JAVA_LOWER_FIX)
+    tokens = _TOKEN_RE.findall(text.lower())
+    if any(len(t) > _MAX_TOKEN_LENGTH for t in tokens):
+        tokens = [
+            t[i : i + _MAX_TOKEN_LENGTH]
+            for t in tokens
+            for i in range(0, len(t), _MAX_TOKEN_LENGTH)
+        ]
+    return tokens
+
+
+@lru_cache(maxsize=1)
+def _stemmer():
+    import Stemmer  # PyStemmer; its "porter" is Porter's original algorithm, as Lucene's
+
+    return Stemmer.Stemmer("porter")
+
+
+def _terms_of_raw(raw: Sequence[str]) -> list[str | None]:
+    """Map lower-cased raw tokens to index terms; ``None`` for stop words."""
+    out: list[str | None] = []
+    kept: list[str] = []
+    where: list[int] = []
+    for token in raw:
+        if token.endswith(_POSSESSIVE_SUFFIXES):
+            token = token[:-2]
+        if token in LUCENE_ENGLISH_STOP_WORDS:
+            out.append(None)
+        elif len(token) <= 2:  # Lucene's PorterStemmer leaves 1-2 letter words alone
+            out.append(token)
+        else:
+            where.append(len(out))
+            kept.append(token)
+            out.append(token)
+    for i, stem in zip(where, _stemmer().stemWords(kept), strict=True):
+        out[i] = stem
+    return out
+
+
+def lucene_tokenize(text: str) -> list[str]:
+    """The terms Anserini's ``DefaultEnglishAnalyzer`` makes of ``text``, in order.
+
+    Lucene's ``StandardTokenizer`` (UAX#29 word breaks; tokens cut at 255 characters), English
+    possessive removal, lower-casing (per code point, as Java), Lucene's 33 English stop words,
+    then the Porter stemmer. Both BM25 backends index and search these terms.
+    """
+    return [t for t in _terms_of_raw(_raw_tokens(text)) if t is not None]
+
+
+class _Vocabulary:
+    """Raw token -> term id, with each distinct raw token analysed once (the hot path's cache)."""
+
+    def __init__(self) -> None:
+        self.term_ids: dict[str, int] = {}  # stemmed term -> column
+        self._raw_ids: dict[str, int] = {}  # raw token -> slot in _raw_to_term
+        self._raw_to_term = np.empty(0, dtype=np.int64)  # -1 = stop word
+
+    def encode(self, raw_tokens: list[str], *, grow: bool) -> np.ndarray:
+        """Term ids of ``raw_tokens``; unknown terms (``grow=False``) and stop words are -1."""
+        raw_ids = self._raw_ids
+        n_before = len(raw_ids)
+        ids = np.fromiter(
+            (raw_ids.setdefault(t, len(raw_ids)) for t in raw_tokens),
+            dtype=np.int64,
+            count=len(raw_tokens),
+        )
+        if len(raw_ids) > n_before:
+            new_raw = list(raw_ids)[n_before:]
+            mapped = np.full(len(new_raw), -1, dtype=np.int64)
+            for j, term in enumerate(_terms_of_raw(new_raw)):
+                if term is None:
+                    continue
+                tid = self.term_ids.get(term)
+                if tid is None and grow:
+                    tid = self.term_ids[term] = len(self.term_ids)
+                if tid is not None:
+                    mapped[j] = tid
+            self._raw_to_term = np.concatenate([self._raw_to_term, mapped])
+        if not grow and len(raw_ids) > 200_000:
+            # queries must not grow the cache without bound in a long-lived server
+            self._raw_ids, self._raw_to_term = {}, np.empty(0, dtype=np.int64)
+        return self._raw_to_term[ids] if len(ids) else ids
+
+
+# ---------------------------------------------------------------------------------------------
+# Lucene's scoring arithmetic
+# ---------------------------------------------------------------------------------------------
+
+
+def _int_to_byte4(lengths: np.ndarray) -> np.ndarray:
+    """Lucene ``SmallFloat.intToByte4``: lengths -> one-byte norms (exact below 24)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    free = 24  # NUM_FREE_VALUES = 255 - longToInt4(Integer.MAX_VALUE)
+    x = np.maximum(lengths - free, 0)
+    num_bits = np.frexp(x.astype(np.float64))[1].astype(np.int64)  # bit length, exact below 2**53
+    shift = np.maximum(num_bits - 4, 0)
+    normal = ((x >> shift) & 0x07) | ((shift + 1) << 3)
+    int4 = np.where(num_bits < 4, x, normal)
+    return np.where(lengths < free, lengths, free + int4).astype(np.uint8)
+
+
+def _byte4_to_int(norms: np.ndarray) -> np.ndarray:
+    """Lucene ``SmallFloat.byte4ToInt``: the length a one-byte norm stands for."""
+    i = np.asarray(norms, dtype=np.int64)
+    free = 24
+    j = np.maximum(i - free, 0)
+    bits, shift = j & 0x07, (j >> 3) - 1
+    decoded = np.where(shift < 0, bits, (bits | 0x08) << np.maximum(shift, 0))
+    return np.where(i < free, i, free + decoded)
+
+
+_LENGTH_TABLE = _byte4_to_int(np.arange(256))
+
+
+def _lucene_idf(doc_freq: np.ndarray, doc_count: int) -> np.ndarray:
+    """``(float) Math.log(1 + (docCount - docFreq + 0.5) / (docFreq + 0.5))``, float32."""
+    df = doc_freq.astype(np.float64)
+    return np.log(1.0 + (doc_count - df + 0.5) / (df + 0.5)).astype(np.float32)
+
+
+def _lucene_norm_inverse(k1: float, b: float, avgdl: np.float32) -> np.ndarray:
+    """Lucene's per-norm cache ``1f / (k1 * ((1 - b) + b * LENGTH_TABLE[i] / avgdl))``, float32."""
+    f32 = np.float32
+    k1, b = f32(k1), f32(b)
+    length = _LENGTH_TABLE.astype(np.float32)
+    return (f32(1) / (k1 * ((f32(1) - b) + b * length / avgdl))).astype(np.float32)
+
+
+def _lucene_term_scores(idf: np.ndarray, freq: np.ndarray, norm_inverse: np.ndarray) -> np.ndarray:
+    """``weight - weight / (1f + freq * normInverse)`` in float32 (BM25Scorer.score)."""
+    f32 = np.float32
+    return idf - idf / (f32(1) + freq.astype(np.float32) * norm_inverse)
+
+
+# ---------------------------------------------------------------------------------------------
+# The index
+# ---------------------------------------------------------------------------------------------
+
+
+def _resolve_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown BM25 backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    return "bm25s" if backend == "auto" else backend
+
+
+def _replace_dir(tmp: Path, path: Path) -> None:
+    """Move the finished directory ``tmp`` to ``path``, replacing what is there.
+
+    A reader sees either the old complete index or the new one, never a half-written directory.
+    """
+    if path.exists():
+        trash = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+        os.replace(path, trash / path.name)
+        os.replace(tmp, path)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
+
+
+def _empty_results(n_queries: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    return (
+        np.full((n_queries, k), -1, dtype=np.int64),
+        np.full((n_queries, k), -np.inf, dtype=np.float32),
+    )
+
+
+class BM25Index:
+    """BM25 over a list of texts; row i is the i-th text.
+
+    Build with :meth:`build`, persist with :meth:`save` / :meth:`load`, query with :meth:`search`.
+    Both backends score with Lucene's BM25 (see the module docstring) and return the same rows.
+    """
+
+    backend: str
+    k1: float
+    b: float
+
+    def __init__(self, *, backend: str, k1: float, b: float, n_docs: int) -> None:
+        self.backend = backend
+        self.k1 = float(k1)
+        self.b = float(b)
+        self._n_docs = int(n_docs)
+        self._bm25: Any = None  # bm25s.BM25 holding the per-term score matrix
+        self._vocab: _Vocabulary | None = None
+        self._lucene: Any = None  # pyserini backend state
+        self._path: Path | None = None
+
+    def __len__(self) -> int:
+        return self._n_docs
+
+    def __repr__(self) -> str:
+        return f"BM25Index(backend={self.backend!r}, docs={len(self)}, k1={self.k1}, b={self.b})"
+
+    # -- building ---------------------------------------------------------------------------
+
+    @classmethod
+    def build(
+        cls,
+        texts: Iterable[str],
+        *,
+        backend: str = "bm25s",
+        k1: float = 0.9,
+        b: float = 0.4,
+        path: str | Path | None = None,
+        show_progress: bool = False,
+    ) -> BM25Index:
+        """Index ``texts`` (row i = i-th text) with the given backend.
+
+        ``path``: where to write the index (saved atomically); required for ``"pyserini"``
+        (Lucene indexes live on disk), optional for ``"bm25s"`` (kept in memory otherwise).
+        ``show_progress`` shows a tqdm bar over the texts.
+        """
+        backend = _resolve_backend(backend)
+        if backend == "pyserini":
+            if path is None:
+                raise ValueError(
+                    "the pyserini backend writes a Lucene index to disk: pass path=DIR to "
+                    "BM25Index.build, or use backend='bm25s' for an in-memory index"
+                )
+            return _lucene_build(
+                cls, texts, k1=k1, b=b, path=Path(path), show_progress=show_progress
+            )
+        index = cls._build_bm25s(texts, k1=k1, b=b, show_progress=show_progress)
+        if path is not None:
+            index.save(path)
+        return index
+
+    @classmethod
+    def _build_bm25s(
+        cls, texts: Iterable[str], *, k1: float, b: float, show_progress: bool
+    ) -> BM25Index:
+        import bm25s
+
+        vocab = _Vocabulary()
+        chunk_terms: list[np.ndarray] = []
+        lengths: list[int] = []
+        raw_buffer: list[str] = []
+        total = len(texts) if hasattr(texts, "__len__") else None
+        bar = tqdm(
+            texts,
+            total=total,
+            desc="BM25 index",
+            unit="doc",
+            disable=not show_progress,
+            mininterval=0.5,
+        )
+        # Tokenize per text, but analyse (possessive/stop/stem/vocabulary) per chunk of texts:
+        # distinct raw tokens are analysed once, and the rest is array work.
+        for text in bar:
+            if not isinstance(text, str):
+                raise TypeError(
+                    f"BM25Index.build takes strings; row {len(lengths)} is {type(text)}"
+                )
+            raw = _raw_tokens(text)
+            raw_buffer.extend(raw)
+            lengths.append(len(raw))
+            if len(raw_buffer) >= 1_000_000:
+                chunk_terms.append(vocab.encode(raw_buffer, grow=True))
+                raw_buffer = []
+        chunk_terms.append(vocab.encode(raw_buffer, grow=True))
+        bar.close()
+
+        n_docs = len(lengths)
+        n_terms = len(vocab.term_ids)
+        term_ids = np.concatenate(chunk_terms) if chunk_terms else np.empty(0, np.int64)
+        doc_of_token = np.repeat(np.arange(n_docs, dtype=np.int64), lengths)
+        keep = term_ids >= 0  # drop stop words
+        term_ids, doc_of_token = term_ids[keep], doc_of_token[keep]
+        doc_len = np.bincount(doc_of_token, minlength=n_docs)
+
+        # (term, doc) pairs with their frequency, sorted by term then doc: CSC order
+        pair, freq = np.unique(term_ids * max(n_docs, 1) + doc_of_token, return_counts=True)
+        pair_term, pair_doc = np.divmod(pair, max(n_docs, 1))
+        doc_freq = np.bincount(pair_term, minlength=n_terms)
+
+        # Lucene's collection statistics count only documents that have the field (>= 1 term)
+        doc_count = int(np.count_nonzero(doc_len))
+        avgdl = np.float32(doc_len.sum() / doc_count) if doc_count else np.float32(1)
+        norm_inverse = _lucene_norm_inverse(k1, b, avgdl)
+        idf = _lucene_idf(doc_freq, doc_count)
+        norms = _int_to_byte4(doc_len)
+        data = _lucene_term_scores(idf[pair_term], freq, norm_inverse[norms[pair_doc]])
+        indptr = np.zeros(n_terms + 1, dtype=np.int64)
+        np.cumsum(doc_freq, out=indptr[1:])
+
+        bm25 = bm25s.BM25(k1=k1, b=b, method="lucene", idf_method="lucene")
+        bm25.scores = {
+            "data": data.astype(np.float32),
+            "indices": pair_doc.astype(np.int32 if n_docs < 2**31 else np.int64),
+            "indptr": indptr,
+            "num_docs": n_docs,
+        }
+        bm25.vocab_dict = vocab.term_ids
+        bm25.unique_token_ids_set = set(vocab.term_ids.values())
+        bm25.nonoccurrence_array = None
+
+        index = cls(backend="bm25s", k1=k1, b=b, n_docs=n_docs)
+        index._bm25, index._vocab = bm25, vocab
+        return index
+
+    # -- persistence ------------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> None:
+        """Write the index to directory ``path`` (a temp dir first, then ``os.replace``)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+        try:
+            if self.backend == "bm25s":
+                self._bm25.save(tmp, show_progress=False)
+            else:
+                if self._path is None or self._path.resolve() == path.resolve():
+                    shutil.rmtree(tmp)
+                    return
+                shutil.rmtree(tmp)
+                shutil.copytree(self._path, tmp)
+            meta = {
+                "format": FORMAT_VERSION,
+                "backend": self.backend,
+                "k1": self.k1,
+                "b": self.b,
+                "n_docs": len(self),
+            }
+            (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+            _replace_dir(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    @classmethod
+    def load(cls, path: str | Path, mmap: bool = True) -> BM25Index:
+        """Open an index written by :meth:`save` or :meth:`build`; the backend comes from its meta.
+
+        ``mmap=True`` memory-maps the bm25s score arrays (read-only, shared by every process that
+        maps the same files) instead of reading them into memory.
+        """
+        path = Path(path)
+        meta_path = path / META_FILE
+        if not meta_path.is_file():
+            raise FileNotFoundError(
+                f"no BM25 index at {path} (missing {META_FILE}); build one with "
+                "BM25Index.build(texts, path=...)"
+            )
+        meta = json.loads(meta_path.read_text())
+        backend = meta["backend"]
+        index = cls(backend=backend, k1=meta["k1"], b=meta["b"], n_docs=meta["n_docs"])
+        if backend == "pyserini":
+            _lucene_open(index, path)
+            return index
+        import bm25s
+
+        bm25 = bm25s.BM25.load(path, mmap=mmap, load_corpus=False, show_progress=False)
+        bm25.scores["num_docs"] = meta["n_docs"]
+        vocab = _Vocabulary()
+        vocab.term_ids = dict(bm25.vocab_dict)
+        index._bm25, index._vocab = bm25, vocab
+        return index
+
+    # -- search -----------------------------------------------------------------------------
+
+    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` rows and scores of every query, in one call.
+
+        Returns ``rows`` ``(len(queries), k)`` int64, best first, padded with -1, and ``scores``
+        ``(len(queries), k)`` float32, padded with -inf. Only documents sharing a term with the
+        query are returned; an empty or all-stop-word query returns padding only.
+        """
+        if isinstance(queries, str):
+            raise TypeError("BM25Index.search takes a sequence of queries; wrap one in a list")
+        k = int(k)
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        if self.backend == "pyserini":
+            return _lucene_search(self, queries, k)
+        return self._search_bm25s(queries, k)
+
+    def query_matrix(self, queries: Sequence[str]) -> sp.csr_matrix:
+        """``(len(queries), n_terms)`` float64 counts of each query's terms (its BM25 boosts)."""
+        assert self._vocab is not None
+        n_terms = len(self._vocab.term_ids)
+        raw = [_raw_tokens(q if isinstance(q, str) else str(q)) for q in queries]
+        counts = np.fromiter((len(r) for r in raw), dtype=np.int64, count=len(raw))
+        flat = [t for r in raw for t in r]
+        term_ids = self._vocab.encode(flat, grow=False)
+        query_of = np.repeat(np.arange(len(queries), dtype=np.int64), counts)
+        known = term_ids >= 0
+        q = sp.csr_matrix(
+            (np.ones(int(known.sum())), (query_of[known], term_ids[known])),
+            shape=(len(queries), n_terms),
+        )
+        q.sum_duplicates()  # repeated query terms: one clause boosted by its count, as pyserini
+        return q
+
+    def _search_bm25s(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        rows, scores = _empty_results(len(queries), k)
+        if not len(queries) or not len(self):
+            return rows, scores
+        s = self._bm25.scores
+        n_terms = len(s["indptr"]) - 1
+        # the CSC (docs x terms) score matrix read as CSR (terms x docs): no copy
+        term_doc = sp.csr_matrix((s["data"], s["indices"], s["indptr"]), shape=(n_terms, len(self)))
+        q = self.query_matrix(queries)
+        # Chunk the batch so the (queries x matching docs) result stays small.
+        chunk = 256
+        for start in range(0, len(queries), chunk):
+            # float64 accumulation of float32 term scores, as Lucene sums clause scores
+            hits = (q[start : start + chunk] @ term_doc).tocsr()
+            for qi in range(hits.shape[0]):
+                lo, hi = hits.indptr[qi], hits.indptr[qi + 1]
+                if lo == hi:
+                    continue
+                docs = hits.indices[lo:hi]
+                vals = hits.data[lo:hi].astype(np.float32)
+                if hi - lo > k:
+                    # keep everything tied with the k-th score so ties resolve by row below
+                    kth = np.partition(vals, hi - lo - k)[hi - lo - k]
+                    sel = vals >= kth
+                    docs, vals = docs[sel], vals[sel]
+                order = np.lexsort((docs, -vals))[:k]
+                n = len(order)
+                rows[start + qi, :n] = docs[order]
+                scores[start + qi, :n] = vals[order]
+        return rows, scores
+
+    def close(self) -> None:
+        """Release the backend's resources (the pyserini searcher; bm25s arrays are freed by GC)."""
+        if self._lucene is not None:
+            close = getattr(self._lucene, "close", None)
+            if close is not None:
+                close()
+            self._lucene = None
+
+
+class BM25Retriever:
+    """A :class:`~agentgym.retrieval.base.Retriever` over a BM25 index and its documents.
+
+    ``documents`` is any sequence of records (a list, or an on-disk store with ``__getitem__``
+    and ``__len__``), row-aligned with ``index``; a hit's ``doc_id`` is ``str(doc[id_field])``.
+    """
+
+    def __init__(self, index: BM25Index, documents: Sequence[dict], id_field: str = "id") -> None:
+        if len(documents) != len(index):
+            raise ValueError(
+                f"the index has {len(index)} rows but {len(documents)} documents were given; "
+                "pass the documents the index was built from, in the same order"
+            )
+        self.index = index
+        self.documents = documents
+        self.id_field = id_field
+
+    @classmethod
+    def from_documents(
+        cls,
+        documents: Sequence[dict],
+        *,
+        text_field: str = "contents",
+        backend: str = "bm25s",
+        k1: float = 0.9,
+        b: float = 0.4,
+        path: str | Path | None = None,
+        show_progress: bool = False,
+    ) -> BM25Retriever:
+        """Index ``doc[text_field]`` of every document and wrap the index as a retriever.
+
+        ``path`` is where the index is written (required for ``backend="pyserini"``).
+        """
+        backend = _resolve_backend(backend)
+        if backend == "pyserini" and path is None:
+            path = Path(tempfile.mkdtemp(prefix="agentgym-bm25-lucene-"))
+        texts = (str(doc[text_field]) for doc in documents)
+        total = len(documents)
+
+        class _Sized:  # gives the progress bar its total without materialising the texts
+            def __len__(self) -> int:
+                return total
+
+            def __iter__(self):
+                return texts
+
+        index = BM25Index.build(
+            _Sized(), backend=backend, k1=k1, b=b, path=path, show_progress=show_progress
+        )
+        return cls(index, documents)
+
+    def search(self, queries: Sequence[str], topk: int = 3) -> list[list[Hit]]:
+        """Best-first hits of every query (fewer than ``topk`` when fewer documents match)."""
+        if not len(queries):
+            return []
+        rows, scores = self.index.search(queries, topk)
+        out: list[list[Hit]] = []
+        for row_ids, row_scores in zip(rows.tolist(), scores.tolist(), strict=True):
+            hits = []
+            for r, s in zip(row_ids, row_scores, strict=True):
+                if r < 0:
+                    break
+                doc = self.documents[r]
+                hits.append(Hit(doc_id=str(doc[self.id_field]), score=float(s), document=doc))
+            out.append(hits)
+        return out
+
+    def close(self) -> None:
+        self.index.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The pyserini backend
+# ---------------------------------------------------------------------------------------------
+
+
+def _lucene_build(cls, texts, *, k1, b, path, show_progress):
+    raise NotImplementedError("the pyserini backend is not available yet; use backend='bm25s'")
+
+
+def _lucene_open(index, path):
+    raise NotImplementedError("the pyserini backend is not available yet; use backend='bm25s'")
+
+
+def _lucene_search(index, queries, k):
+    raise NotImplementedError("the pyserini backend is not available yet; use backend='bm25s'")

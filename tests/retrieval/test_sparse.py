@@ -1,0 +1,270 @@
+"""BM25 (agentgym.retrieval.sparse): Lucene's BM25 through bm25s, and agreement with pyserini.
+
+The bm25s backend is checked against a slow pure-Python transcription of Lucene's BM25Similarity;
+the pyserini tests run a real JVM and a real Lucene index, and skip (saying why) when no Java 21+
+can start here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from agentgym.retrieval.base import Hit, Retriever
+from agentgym.retrieval.sparse import BM25Index, BM25Retriever, lucene_tokenize
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A fox is a small omnivorous mammal; foxes live in forests and cities.",
+    "Dogs are loyal companions. The dog barked at the fox all night.",
+    "Hamlet is a tragedy written by William Shakespeare around 1600.",
+    "Shakespeare's plays include Hamlet, Macbeth, Othello and King Lear.",
+    "Lima is the capital of Peru, on the Pacific coast of South America.",
+    "The capital city of France is Paris; Paris is also its largest city.",
+    "Running, runner, runs: the stemmer maps these to one term.",
+    "",  # no terms at all: not counted in Lucene's document statistics
+    "the and of to",  # stop words only
+    "Foxes, foxes and more foxes: fox fox fox. " * 7,  # long: its norm is rounded by SmallFloat
+    "Zürich und Genève sind Städte in der Schweiz; café crème costs 4.50 CHF.",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# A slow reference: Lucene's BM25Similarity transcribed line by line, in Python floats.
+# ---------------------------------------------------------------------------------------------
+
+
+def _f32(x: float) -> float:
+    return float(np.float32(x))
+
+
+def _long_to_int4(i: int) -> int:  # SmallFloat.longToInt4
+    num_bits = i.bit_length()
+    if num_bits < 4:
+        return i
+    shift = num_bits - 4
+    encoded = (i >> shift) & 0x07
+    return encoded | ((shift + 1) << 3)
+
+
+def _int4_to_long(i: int) -> int:  # SmallFloat.int4ToLong
+    bits, shift = i & 0x07, (i >> 3) - 1
+    return bits if shift == -1 else (bits | 0x08) << shift
+
+
+_FREE = 255 - _long_to_int4(2**31 - 1)
+
+
+def _lucene_length(n: int) -> int:
+    """The document length Lucene's one-byte norm gives back for ``n`` terms."""
+    byte = n if n < _FREE else _FREE + _long_to_int4(n - _FREE)
+    return byte if byte < _FREE else _FREE + _int4_to_long(byte - _FREE)
+
+
+def reference_bm25(
+    docs: list[str], query: str, k1: float = 0.9, b: float = 0.4
+) -> dict[int, float]:
+    """row -> score for every document that matches ``query``, as Lucene computes it."""
+    terms = [Counter(lucene_tokenize(d)) for d in docs]
+    lengths = [sum(t.values()) for t in terms]
+    doc_count = sum(1 for n in lengths if n > 0)
+    avgdl = _f32(sum(lengths) / doc_count)
+    scores: dict[int, float] = {}
+    for term, boost in Counter(lucene_tokenize(query)).items():
+        df = sum(1 for t in terms if term in t)
+        if df == 0:
+            continue
+        idf = _f32(math.log(1 + (doc_count - df + 0.5) / (df + 0.5)))
+        weight = _f32(boost * idf)
+        for row, t in enumerate(terms):
+            if term in t:
+                length = _f32(_lucene_length(lengths[row]))
+                norm_inverse = _f32(
+                    1 / _f32(k1 * _f32(_f32(1 - b) + _f32(_f32(b * length) / avgdl)))
+                )
+                freq_norm = _f32(1 + _f32(t[term] * norm_inverse))
+                s = _f32(weight - _f32(weight / freq_norm))
+                scores[row] = scores.get(row, 0.0) + s
+    return {row: _f32(s) for row, s in scores.items()}
+
+
+def _reference_ranking(docs, query, k):
+    ref = reference_bm25(docs, query)
+    return sorted(ref.items(), key=lambda rs: (-rs[1], rs[0]))[:k]
+
+
+QUERIES = [
+    "fox",
+    "quick fox dog",
+    "Who wrote Hamlet?",
+    "capital of peru",
+    "capital capital city",  # a repeated term counts twice (pyserini boosts it by its count)
+    "runs",
+    "café Zürich",
+    "shakespeare's plays",
+]
+
+
+@pytest.fixture(scope="module")
+def index() -> BM25Index:
+    return BM25Index.build(CORPUS)
+
+
+def test_lucene_length_rounding_matches_smallfloat():
+    from agentgym.retrieval.sparse import _byte4_to_int, _int_to_byte4
+
+    lengths = np.arange(0, 200_000)
+    decoded = _byte4_to_int(_int_to_byte4(lengths))
+    expected = np.array([_lucene_length(int(n)) for n in lengths[::97]])
+    np.testing.assert_array_equal(decoded[::97], expected)
+    assert (decoded[:24] == lengths[:24]).all()  # exact below 24 terms
+    assert (decoded <= lengths).all() and decoded[1000] < 1000
+
+
+@pytest.mark.parametrize("query", QUERIES)
+def test_bm25s_matches_lucene_reference(index, query):
+    rows, scores = index.search([query], k=len(CORPUS))
+    expected = _reference_ranking(CORPUS, query, len(CORPUS))
+    assert expected, "every test query matches something"
+    n = len(expected)
+    assert rows[0, :n].tolist() == [r for r, _ in expected]
+    np.testing.assert_allclose(scores[0, :n], [s for _, s in expected], rtol=1e-6)
+    assert (rows[0, n:] == -1).all() and np.isneginf(scores[0, n:]).all()
+
+
+def test_long_document_uses_rounded_length(index):
+    # row 10 has 49 terms; Lucene's norm stores 48, and the score follows the stored length
+    n_terms = len(lucene_tokenize(CORPUS[10]))
+    assert _lucene_length(n_terms) < n_terms
+    rows, scores = index.search(["fox"], k=len(CORPUS))
+    got = float(scores[0, rows[0].tolist().index(10)])
+    lengths = [len(lucene_tokenize(d)) for d in CORPUS]
+    avgdl = sum(lengths) / sum(1 for n in lengths if n)
+    df = sum(1 for d in CORPUS if "fox" in lucene_tokenize(d))
+    idf = math.log(1 + (len([n for n in lengths if n]) - df + 0.5) / (df + 0.5))
+    tf = lucene_tokenize(CORPUS[10]).count("fox")
+
+    def bm25(length):
+        return idf * tf / (tf + 0.9 * (1 - 0.4 + 0.4 * length / avgdl))
+
+    assert got == pytest.approx(bm25(_lucene_length(n_terms)), rel=1e-6)
+    assert got != pytest.approx(bm25(n_terms), rel=1e-4)
+
+
+def test_batch_equals_one_at_a_time(index):
+    rows, scores = index.search(QUERIES, k=5)
+    for i, q in enumerate(QUERIES):
+        r1, s1 = index.search([q], k=5)
+        np.testing.assert_array_equal(rows[i], r1[0])
+        np.testing.assert_array_equal(scores[i], s1[0])
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_save_load_round_trip(index, tmp_path, mmap):
+    path = tmp_path / "bm25"
+    index.save(path)
+    loaded = BM25Index.load(path, mmap=mmap)
+    assert loaded.backend == "bm25s" and len(loaded) == len(CORPUS)
+    assert (loaded.k1, loaded.b) == (index.k1, index.b)
+    for a, b_ in zip(index.search(QUERIES, 7), loaded.search(QUERIES, 7), strict=True):
+        np.testing.assert_array_equal(a, b_)
+    # saving again over an existing index replaces it whole, leaving no temp dirs behind
+    BM25Index.build(CORPUS[:3]).save(path)
+    assert len(BM25Index.load(path)) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bm25"]
+
+
+def test_build_with_path_saves(tmp_path):
+    BM25Index.build(CORPUS, path=tmp_path / "idx")
+    assert len(BM25Index.load(tmp_path / "idx")) == len(CORPUS)
+
+
+def test_load_missing_index_says_how_to_build(tmp_path):
+    with pytest.raises(FileNotFoundError, match="BM25Index.build"):
+        BM25Index.load(tmp_path / "nothing")
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "",
+        "   ",
+        "the and of",
+        "?!...",
+        "x" * 10_000,
+        "fox " * 2_500,
+        "Ωμέγα 東京 🦊 naïve",
+        "\x00\n\t",
+    ],
+)
+def test_odd_queries_never_raise(index, query):
+    rows, scores = index.search([query, "fox"], k=4)
+    assert rows.shape == scores.shape == (2, 4)
+    assert rows.dtype == np.int64 and scores.dtype == np.float32
+    assert rows[1, 0] >= 0  # the other query of the batch is unaffected
+    matched = rows[0] >= 0
+    assert np.isneginf(scores[0][~matched]).all()
+    if query.strip() in ("", "the and of", "?!...", "\x00\n\t"):
+        assert not matched.any()
+
+
+def test_padding_when_k_exceeds_corpus(index):
+    rows, scores = index.search(["fox", "nothing-matches-this"], k=50)
+    assert rows.shape == (2, 50)
+    n_fox = len(reference_bm25(CORPUS, "fox"))
+    assert (rows[0, :n_fox] >= 0).all() and (rows[0, n_fox:] == -1).all()
+    assert (rows[1] == -1).all() and np.isneginf(scores[1]).all()
+    assert (np.diff(scores[0, :n_fox]) <= 0).all()
+
+
+def test_bad_arguments_are_clear(index):
+    with pytest.raises(TypeError, match="sequence of queries"):
+        index.search("fox", k=3)
+    with pytest.raises(ValueError, match="k must be"):
+        index.search(["fox"], k=0)
+    with pytest.raises(ValueError, match="unknown BM25 backend"):
+        BM25Index.build(CORPUS, backend="elastic")
+    with pytest.raises(ValueError, match="path="):
+        BM25Index.build(CORPUS, backend="pyserini")
+
+
+def test_empty_corpus_and_empty_batch():
+    empty = BM25Index.build([])
+    assert len(empty) == 0
+    rows, _ = empty.search(["fox"], k=2)
+    assert (rows == -1).all()
+    rows, scores = BM25Index.build(CORPUS).search([], k=3)
+    assert rows.shape == scores.shape == (0, 3)
+
+
+def test_retriever_contract():
+    docs = [{"id": f"d{i}", "contents": text} for i, text in enumerate(CORPUS)]
+    retriever = BM25Retriever.from_documents(docs)
+    assert isinstance(retriever, Retriever)
+    hits = retriever.search(["who wrote hamlet", "the and of", "capital of peru"], topk=3)
+    assert len(hits) == 3 and hits[1] == []
+    assert all(isinstance(h, Hit) for h in hits[0])
+    assert (
+        hits[0][0].doc_id in ("d3", "d4")
+        and hits[0][0].document is docs[int(hits[0][0].doc_id[1:])]
+    )
+    assert hits[2][0].doc_id == "d5"
+    assert [h.score for h in hits[0]] == sorted((h.score for h in hits[0]), reverse=True)
+    retriever.close()
+    with pytest.raises(ValueError, match="rows"):
+        BM25Retriever(BM25Index.build(CORPUS[:2]), docs)
+
+
+def test_analyzer_basics():
+    assert lucene_tokenize("The Foxes' running isn't over") == ["fox", "run", "isn't", "over"]
+    assert lucene_tokenize("Shakespeare's U.S.A. 3.14 1,000") == [
+        "shakespear",
+        "u.s.a",
+        "3.14",
+        "1,000",
+    ]
+    assert lucene_tokenize("e-mail a_b x") == ["e", "mail", "a_b", "x"]  # 1-letter terms stay
+    assert lucene_tokenize("") == [] and lucene_tokenize("the of and") == []
