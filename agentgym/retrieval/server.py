@@ -1,0 +1,565 @@
+"""The retrieval HTTP server: any :class:`~agentgym.retrieval.base.Retriever` behind Search-R1's
+``/retrieve`` protocol, with dynamic micro-batching.
+
+Protocol (Search-R1's ``search_r1/search/retrieval_server.py``, which its rollout code calls)::
+
+    POST /retrieve  {"queries": ["who wrote hamlet", ...], "topk": 3, "return_scores": true}
+    -> 200 {"result": [[{"document": {"id": "17", "contents": "..."}, "score": 12.3}, ...], ...]}
+
+one list per query, best first. With ``"return_scores": false`` each list holds the documents
+themselves (``[[{"id": ..., "contents": ...}, ...], ...]``); Search-R1's own server fails on that
+path, this one answers it. Defaults are Search-R1's: ``topk`` absent (or ``null``) means the
+server's ``default_topk`` (3, Search-R1's ``--topk`` default); ``return_scores`` absent means
+``false``.
+
+Where we are stricter than Search-R1 (its pydantic model coerces and ignores): ``queries`` must be
+a non-empty list of strings, ``topk`` an integer in ``1..max_topk`` (``true``, ``3.0``, ``"3"``
+and ``0`` are rejected, not coerced), ``return_scores`` a boolean, and **unknown fields are
+rejected** so that a typo such as ``"top_k"`` is a 422 naming the field instead of a silent
+fallback to the default depth. Every rejection is a 4xx whose JSON body is
+``{"detail": "<what is wrong and what to send>"}``:
+
+====  ==========================================================================================
+400   the body is not a JSON object (not JSON, bad UTF-8, a list, nested too deep)
+413   the body, the number of queries or one query's length is over the server's limits
+422   a field has the wrong type or value, is missing, or is unknown
+500   the retriever raised while searching; ``detail`` carries its message
+====  ==========================================================================================
+
+``GET /health`` answers ``{"status": "ok", ...}`` with the retriever's type, the limits and
+counters (requests, queries, searches) that show how well batching works.
+
+Dynamic micro-batching: requests that arrive together are merged into ONE
+``retriever.search(all_queries, max_topk_of_the_batch)`` call (one encoder call, one index
+search), and each request gets its own slice back, cut to its own ``topk``. A batch closes
+``batch_wait_ms`` after its first request arrived, or as soon as it holds ``max_batch_queries``
+queries; while one search runs in the worker thread the next batch fills up, so under load the
+wait costs nothing. ``max_batch_queries=1`` turns merging off (every request is searched alone,
+how Search-R1's server works). If a merged search raises, each of its requests is retried alone,
+so one query that breaks the retriever fails only its own request.
+
+Searching and JSON encoding run in one worker thread, never on the event loop, so the server
+keeps accepting connections and answering ``/health`` during a long search. Documents are
+encoded once and cached (the corpus is read-only), so a response is mostly a join of cached bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from agentgym.retrieval.base import Hit, Retriever
+
+__all__ = ["create_app", "serve"]
+
+logger = logging.getLogger("agentgym.retrieval.server")
+
+_KNOWN_FIELDS = ("queries", "topk", "return_scores")
+_JSON = "application/json"
+
+
+class _BadRequest(Exception):
+    """A request the server refuses: ``status`` is the 4xx code, the message says what to fix."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    default_topk: int
+    max_topk: int
+    max_queries_per_request: int
+    max_query_chars: int
+
+    @property
+    def max_body_bytes(self) -> int:
+        # the largest body a valid request can have: every query at the length limit, each
+        # character escaped as \\uXXXX (6 bytes), plus the fields around them
+        return self.max_queries_per_request * (6 * self.max_query_chars + 8) + 4096
+
+
+@dataclass(frozen=True, slots=True)
+class _Query:
+    """A validated ``/retrieve`` request."""
+
+    queries: list[str]
+    topk: int
+    return_scores: bool
+
+
+_JSON_TYPE_NAMES = {
+    type(None): "null",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "an object",
+}
+
+
+def _type_name(value: Any) -> str:
+    """What a JSON value is, in JSON's words: 'a string', 'an integer', 'null'."""
+    return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def parse_request(body: bytes, limits: _Limits) -> _Query:
+    """Validate one ``/retrieve`` body; raise :class:`_BadRequest` with a 4xx and a message."""
+    example = '{"queries": ["who wrote hamlet"], "topk": 3, "return_scores": true}'
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError) as e:  # ValueError covers bad JSON and bad UTF-8
+        raise _BadRequest(
+            400, f"body is not valid JSON ({e}); send a JSON object like {example}"
+        ) from None
+    if not isinstance(payload, dict):
+        raise _BadRequest(
+            400, f"body must be a JSON object like {example}, got {_type_name(payload)}"
+        )
+    unknown = sorted(set(payload) - set(_KNOWN_FIELDS))
+    if unknown:
+        raise _BadRequest(
+            422,
+            f"unknown field(s) {', '.join(map(repr, unknown))}; "
+            f"the accepted fields are {', '.join(map(repr, _KNOWN_FIELDS))}",
+        )
+
+    if "queries" not in payload:
+        raise _BadRequest(422, f"missing field 'queries' (a list of strings); e.g. {example}")
+    queries = payload["queries"]
+    if not isinstance(queries, list):
+        raise _BadRequest(422, f"'queries' must be a list of strings, got {_type_name(queries)}")
+    if not queries:
+        raise _BadRequest(422, "'queries' is empty; send at least one query string")
+    if len(queries) > limits.max_queries_per_request:
+        raise _BadRequest(
+            413,
+            f"too many queries: {len(queries)} in one request, this server takes at most "
+            f"{limits.max_queries_per_request}; split the batch",
+        )
+    for i, q in enumerate(queries):
+        if not isinstance(q, str):
+            raise _BadRequest(422, f"'queries[{i}]' must be a string, got {_type_name(q)}")
+        if len(q) > limits.max_query_chars:
+            raise _BadRequest(
+                413,
+                f"'queries[{i}]' is {len(q)} characters long, this server takes at most "
+                f"{limits.max_query_chars}; shorten the query",
+            )
+
+    topk = payload.get("topk")
+    if topk is None:  # absent or null: the server's default, as Search-R1 does
+        topk = limits.default_topk
+    elif type(topk) is not int:  # bool is an int subclass: True must not mean topk=1
+        raise _BadRequest(422, f"'topk' must be an integer, got {_type_name(topk)} ({topk!r})")
+    elif not 1 <= topk <= limits.max_topk:
+        raise _BadRequest(
+            422, f"'topk' must be between 1 and {limits.max_topk} on this server, got {topk}"
+        )
+
+    return_scores = payload.get("return_scores", False)  # Search-R1's default
+    if type(return_scores) is not bool:
+        raise _BadRequest(
+            422,
+            f"'return_scores' must be true or false, got {_type_name(return_scores)} "
+            f"({return_scores!r})",
+        )
+    return _Query(queries=queries, topk=topk, return_scores=return_scores)
+
+
+# ----------------------------------------------------------------------------------------------
+# JSON encoding. A response is mostly documents, and the corpus never changes, so each
+# document's JSON is encoded once and reused; the rest is a join of bytes.
+
+
+def _json_default(value: Any) -> Any:
+    # numpy scalars and arrays (ids or metadata some corpora carry) without importing numpy
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"cannot encode a {type(value).__name__} as JSON")
+
+
+def _float_json(x: float) -> bytes:
+    # what json.dumps writes for a float (NaN/Infinity included), without its per-call overhead
+    if math.isfinite(x):
+        return repr(x).encode()
+    return json.dumps(x).encode()
+
+
+class _DocumentCache:
+    """Encoded JSON of documents, keyed by doc id, for documents the corpus hands out unchanged.
+
+    An entry also keeps the document it was made from and is only used for that same object or
+    an equal one, so two records that share an id (or a retriever that builds documents afresh)
+    never get each other's bytes. Cleared when full: the hot set refills at once.
+    """
+
+    def __init__(self, max_entries: int = 200_000) -> None:
+        self.max_entries = max_entries
+        self._entries: dict[str, tuple[dict[str, Any], bytes]] = {}
+
+    def encode(self, doc_id: str, document: dict[str, Any]) -> bytes:
+        entry = self._entries.get(doc_id)
+        if entry is not None and (entry[0] is document or entry[0] == document):
+            return entry[1]
+        data = json.dumps(document, ensure_ascii=False, default=_json_default).encode()
+        if len(self._entries) >= self.max_entries:
+            self._entries.clear()
+        self._entries[doc_id] = (document, data)
+        return data
+
+
+def encode_result(
+    hits: Sequence[Sequence[Hit]], return_scores: bool, cache: _DocumentCache
+) -> bytes:
+    """The ``/retrieve`` response body for ``hits`` (one list per query), as UTF-8 JSON bytes."""
+    rows = []
+    for query_hits in hits:
+        if return_scores:
+            items = [
+                b'{"document":'
+                + cache.encode(h.doc_id, h.document)
+                + b',"score":'
+                + _float_json(float(h.score))
+                + b"}"
+                for h in query_hits
+            ]
+        else:
+            items = [cache.encode(h.doc_id, h.document) for h in query_hits]
+        rows.append(b"[" + b",".join(items) + b"]")
+    return b'{"result":[' + b",".join(rows) + b"]}"
+
+
+def _error_body(message: str) -> bytes:
+    return json.dumps({"detail": message}).encode()
+
+
+# ----------------------------------------------------------------------------------------------
+# Micro-batching
+
+
+@dataclass(slots=True)
+class _Pending:
+    query: _Query
+    future: asyncio.Future[tuple[int, bytes]]
+    arrived_at: float
+
+
+@dataclass(slots=True)
+class _Stats:
+    requests: int = 0
+    queries: int = 0
+    searches: int = 0
+    largest_batch_queries: int = 0
+    failed_requests: int = 0
+    started_at: float = field(default_factory=time.time)
+
+
+class _Batcher:
+    """Merges concurrent requests into one ``retriever.search`` per batch.
+
+    Runs as one task on the server's event loop; the searches (and the encoding of their
+    responses) run one at a time in a single worker thread, so the retriever is never called
+    concurrently and needs no locking of its own.
+    """
+
+    def __init__(
+        self, retriever: Retriever, max_batch_queries: int, batch_wait_s: float, stats: _Stats
+    ) -> None:
+        self.retriever = retriever
+        self.max_batch_queries = max_batch_queries
+        self.batch_wait_s = batch_wait_s
+        self.stats = stats
+        self.cache = _DocumentCache()
+        self._queue: deque[_Pending] = deque()
+        self._queued_queries = 0
+        self._arrived = asyncio.Event()  # set on every arrival; the loop clears it
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieval-search")
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="retrieval-batcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for p in self._queue:
+            if not p.future.done():
+                p.future.set_result((503, _error_body("the server is shutting down; retry")))
+        self._queue.clear()
+        self._executor.shutdown(wait=True)
+
+    async def submit(self, query: _Query) -> tuple[int, bytes]:
+        """Queue ``query`` for the next batch; return its (HTTP status, JSON body)."""
+        loop = asyncio.get_running_loop()
+        pending = _Pending(query, loop.create_future(), loop.time())
+        self._queue.append(pending)
+        self._queued_queries += len(query.queries)
+        self._arrived.set()
+        return await pending.future
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._queue:
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            # the batch window opens when its first request arrived: a queue that built up
+            # during the previous search goes out at once
+            deadline = self._queue[0].arrived_at + self.batch_wait_s
+            while self._queued_queries < self.max_batch_queries:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                self._arrived.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), remaining)
+            batch = self._take_batch()
+            if not batch:
+                continue
+            try:
+                answers = await loop.run_in_executor(self._executor, self._answer, batch)
+            except Exception as e:  # noqa: BLE001 - a failed batch must not stop the server
+                logger.exception("retrieval batch failed")
+                answers = [(500, _error_body(f"search failed: {type(e).__name__}: {e}"))] * len(
+                    batch
+                )
+            for p, answer in zip(batch, answers, strict=True):
+                if not p.future.done():  # its client may have gone away meanwhile
+                    p.future.set_result(answer)
+
+    def _take_batch(self) -> list[_Pending]:
+        """Pop requests in arrival order up to ``max_batch_queries`` queries (at least one)."""
+        batch: list[_Pending] = []
+        n = 0
+        while self._queue:
+            p = self._queue[0]
+            size = len(p.query.queries)
+            if batch and n + size > self.max_batch_queries:
+                break
+            self._queue.popleft()
+            self._queued_queries -= size
+            if p.future.done():  # cancelled while queued: nobody is waiting for it
+                continue
+            batch.append(p)
+            n += size
+        return batch
+
+    # -- worker thread ---------------------------------------------------------------------
+    def _search(self, queries: list[str], topk: int) -> list[list[Hit]]:
+        hits = self.retriever.search(queries, topk)
+        if len(hits) != len(queries):
+            raise RuntimeError(
+                f"{type(self.retriever).__name__}.search returned {len(hits)} result lists "
+                f"for {len(queries)} queries"
+            )
+        self.stats.searches += 1
+        return hits
+
+    def _answer(self, batch: list[_Pending]) -> list[tuple[int, bytes]]:
+        """Search the whole batch at once and encode every request's response."""
+        queries = [q for p in batch for q in p.query.queries]
+        topk = max(p.query.topk for p in batch)
+        self.stats.requests += len(batch)
+        self.stats.queries += len(queries)
+        self.stats.largest_batch_queries = max(self.stats.largest_batch_queries, len(queries))
+        try:
+            hits = self._search(queries, topk)
+        except Exception as e:  # noqa: BLE001 - answered as a 500 below
+            if len(batch) == 1:
+                self.stats.failed_requests += 1
+                logger.warning("search failed: %s: %s", type(e).__name__, e)
+                return [(500, _error_body(f"search failed: {type(e).__name__}: {e}"))]
+            # one bad query must not fail its neighbours: search each request alone
+            return [self._answer_alone(p) for p in batch]
+        answers = []
+        start = 0
+        for p in batch:
+            n = len(p.query.queries)
+            mine = [h[: p.query.topk] for h in hits[start : start + n]]
+            start += n
+            answers.append((200, encode_result(mine, p.query.return_scores, self.cache)))
+        return answers
+
+    def _answer_alone(self, p: _Pending) -> tuple[int, bytes]:
+        try:
+            hits = self._search(p.query.queries, p.query.topk)
+        except Exception as e:  # noqa: BLE001 - answered as a 500
+            self.stats.failed_requests += 1
+            logger.warning("search failed: %s: %s", type(e).__name__, e)
+            return 500, _error_body(f"search failed: {type(e).__name__}: {e}")
+        return 200, encode_result(
+            [h[: p.query.topk] for h in hits], p.query.return_scores, self.cache
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def create_app(
+    retriever: Retriever,
+    *,
+    max_batch_queries: int = 512,
+    batch_wait_ms: float = 2.0,
+    max_topk: int = 100,
+    default_topk: int = 3,
+    max_queries_per_request: int = 4096,
+    max_query_chars: int = 4096,
+) -> FastAPI:
+    """A FastAPI app serving ``retriever`` with Search-R1's ``/retrieve`` protocol.
+
+    Args:
+        retriever: answers ``search(queries, topk)``; the app does not close it.
+        max_batch_queries: the most queries merged into one search; ``1`` searches every
+            request alone (no merging). A single request larger than this is searched alone.
+        batch_wait_ms: how long a batch stays open after its first request arrives, waiting
+            for more; ``0`` sends whatever has queued up as soon as the worker is free.
+        max_topk: the largest ``topk`` a request may ask for.
+        default_topk: ``topk`` for requests that leave it out (Search-R1's default, 3).
+        max_queries_per_request: more queries in one request is a 413.
+        max_query_chars: a longer query string is a 413.
+
+    The micro-batcher starts and stops with the app's lifespan (uvicorn runs it).
+    """
+    if max_batch_queries < 1:
+        raise ValueError(f"max_batch_queries must be >= 1, got {max_batch_queries}")
+    if batch_wait_ms < 0:
+        raise ValueError(f"batch_wait_ms must be >= 0, got {batch_wait_ms}")
+    if not 1 <= default_topk <= max_topk:
+        raise ValueError(f"default_topk must be in 1..max_topk={max_topk}, got {default_topk}")
+    limits = _Limits(default_topk, max_topk, max_queries_per_request, max_query_chars)
+    stats = _Stats()
+    state: dict[str, _Batcher] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        batcher = _Batcher(retriever, max_batch_queries, batch_wait_ms / 1000.0, stats)
+        batcher.start()
+        state["batcher"] = batcher
+        try:
+            yield
+        finally:
+            await batcher.stop()
+
+    app = FastAPI(title="agentgym retrieval server", lifespan=lifespan)
+
+    @app.post("/retrieve")
+    async def retrieve(request: Request) -> Response:
+        # The body is read and checked by hand (not a pydantic model) so that every mistake
+        # gets one plain message and no value is silently coerced.
+        try:
+            body = await _read_body(request, limits.max_body_bytes)
+            query = parse_request(body, limits)
+        except _BadRequest as e:
+            return Response(_error_body(str(e)), status_code=e.status, media_type=_JSON)
+        status, payload = await state["batcher"].submit(query)
+        return Response(payload, status_code=status, media_type=_JSON)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse(
+            {
+                "status": "ok",
+                "retriever": type(retriever).__name__,
+                "max_batch_queries": max_batch_queries,
+                "batch_wait_ms": batch_wait_ms,
+                "default_topk": default_topk,
+                "max_topk": max_topk,
+                "max_queries_per_request": max_queries_per_request,
+                "max_query_chars": max_query_chars,
+                "requests": stats.requests,
+                "queries": stats.queries,
+                "searches": stats.searches,
+                "largest_batch_queries": stats.largest_batch_queries,
+                "failed_requests": stats.failed_requests,
+                "uptime_s": round(time.time() - stats.started_at, 3),
+            }
+        )
+
+    return app
+
+
+async def _read_body(request: Request, max_bytes: int) -> bytes:
+    """The request body, refused with a 413 as soon as it grows past ``max_bytes``."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise _BadRequest(413, f"body of {declared} bytes is over this server's {max_bytes}")
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise _BadRequest(413, f"body is over this server's {max_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def serve(
+    index_dir: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    encoder: str | Path | None = None,
+    max_batch_queries: int = 512,
+    batch_wait_ms: float = 2.0,
+    max_topk: int = 100,
+    default_topk: int = 3,
+    access_log: bool = False,
+) -> None:
+    """Load the index in ``index_dir`` and serve it over HTTP until interrupted (Ctrl-C).
+
+    Binds ``host`` (loopback unless told otherwise: the server has no authentication).
+    ``encoder`` overrides the query encoder a dense index was built with. Per-request access
+    logs are off by default: at thousands of requests per second they cost real throughput.
+    """
+    import uvicorn
+
+    from agentgym.retrieval import open_retriever
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    t0 = time.perf_counter()
+    retriever = open_retriever(index_dir, encoder=encoder)
+    logger.info(
+        "serving %s from %s (loaded in %.1f s): %r",
+        type(retriever).__name__,
+        index_dir,
+        time.perf_counter() - t0,
+        retriever,
+    )
+    logger.info(
+        "micro-batching %s (max %d queries per search, %.1f ms window); POST http://%s:%d/retrieve",
+        "off" if max_batch_queries == 1 else "on",
+        max_batch_queries,
+        batch_wait_ms,
+        host,
+        port,
+    )
+    app = create_app(
+        retriever,
+        max_batch_queries=max_batch_queries,
+        batch_wait_ms=batch_wait_ms,
+        max_topk=max_topk,
+        default_topk=default_topk,
+    )
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log)
+    finally:
+        retriever.close()
