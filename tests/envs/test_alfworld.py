@@ -17,7 +17,7 @@ import gymnasium as gym
 import pytest
 
 import agentgym  # noqa: F401 - registers the ids
-from agentgym.core import InvalidAction
+from agentgym.core import InvalidAction, ResetOptionError
 from agentgym.envs.alfworld import (
     TASK_TYPES,
     ALFWorldEnv,
@@ -338,7 +338,7 @@ def test_reset_seed_options_and_info(real_root):
         assert looks.reset(seed=seed)[1]["task_type"] == "look_at_obj_in_light"
     with pytest.raises(ValueError):
         ALFWorldEnv(data_root=real_root, split="valid_seen", task_types=[9])
-    with pytest.raises(KeyError):
+    with pytest.raises(ResetOptionError, match="unknown ALFWorld task"):
         env.reset(options={"task": "valid_seen/nope/nope"})
     train = _games(real_root, "train")[0][0]
     assert env.reset(options={"task": train})[1]["task_id"] == train  # the id names its split

@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any, ClassVar
 
-from agentgym.core import TextEnv
+from agentgym.core import ResetOptionError, TextEnv
 from agentgym.envs.alfworld.data import (
     SPLITS,
     DataNotFoundError,
@@ -151,16 +151,23 @@ class ALFWorldEnv(TextEnv):
     def _pick(self, task: Any) -> tuple[str, str]:
         if task is None:
             return self._games[int(self.np_random.integers(len(self._games)))]
-        if isinstance(task, (int,)) or hasattr(task, "__index__"):
+        if (
+            isinstance(task, bool)
+            or not isinstance(task, str | int)
+            and not hasattr(task, "__index__")
+        ):
+            raise ResetOptionError(
+                f"options['task'] must be a game number or a task id, got {task!r:.60}"
+            )
+        if not isinstance(task, str):
             i = int(task)
             if not -len(self._games) <= i < len(self._games):
-                raise IndexError(f"task index {i} out of range for {len(self._games)} games")
+                raise ResetOptionError(f"task index {i} out of range for {len(self._games)} games")
             return self._games[i]
-        task = str(task)
         for tid, path in self._games:
             if tid == task or path == task:
                 return tid, path
-        raise KeyError(f"unknown ALFWorld task {task!r} in split {self.split}")
+        raise ResetOptionError(f"unknown ALFWorld task {task!r} in split {self.split}")
 
     # -- TextEnv hooks ----------------------------------------------------------------------
     def _reset_task(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -169,9 +176,17 @@ class ALFWorldEnv(TextEnv):
         if split is None and isinstance(task, str) and task.split("/", 1)[0] in SPLITS:
             split = task.split("/", 1)[0]  # a task id names its split
         if split is not None and normalize_split(split) != self.split:
-            games = self._load_split(normalize_split(split))
-            self.split, self._games = normalize_split(split), games
-        self._task_id, path = self._pick(task)
+            # pick from the other split first: a bad task leaves the env on its current split
+            new_split = normalize_split(split)
+            current = self.split, self._games
+            self.split, self._games = new_split, self._load_split(new_split)
+            try:
+                self._task_id, path = self._pick(task)
+            except ResetOptionError:
+                self.split, self._games = current
+                raise
+        else:
+            self._task_id, path = self._pick(task)
         self._game = load_game(path)
         self._world = World(self._game)
         self._won = False

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from agentgym.core import TextEnv, describe_action
+from agentgym.core import ResetOptionError, TextEnv, describe_action
 
 #: Door names; each is one word, so a word-level tokenizer makes every action a single token.
 DOOR_NAMES: tuple[str, ...] = ("red", "blue", "green", "gold", "gray", "pink")
@@ -101,17 +101,33 @@ class CorridorEnv(TextEnv):
         return tuple(int(d) for d in rng.integers(self.num_doors, size=self.length))
 
     def _reset_task(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        split = options.get("split", "train")
-        if split not in _SPLIT_OFFSETS:
-            raise ValueError(f"unknown split {split!r}; choose one of {sorted(_SPLIT_OFFSETS)}")
+        split = options.get("split")
         task = options.get("task")
+        if isinstance(task, str):  # a task id, "corridor-<split>-<layout>", names its split
+            parts = task.split("-")
+            if len(parts) != 3 or parts[0] != "corridor" or not parts[2].isdigit():
+                raise ResetOptionError(
+                    f"task id {task!r} is not a corridor task (ids look like corridor-train-5)"
+                )
+            if split is not None and split != parts[1]:
+                raise ResetOptionError(f"task id {task!r} is not in split {split!r}")
+            split, task = parts[1], int(parts[2])
+        split = "train" if split is None else split
+        if split not in _SPLIT_OFFSETS:
+            raise ResetOptionError(
+                f"unknown split {split!r}; choose one of {sorted(_SPLIT_OFFSETS)}"
+            )
         if task is None:
             high = self.num_layouts if self.num_layouts is not None else 1_000_000
             layout_id = int(self.np_random.integers(high))
-        elif isinstance(task, str):
-            layout_id = int(task.rsplit("-", 1)[-1])
-        else:
+        elif isinstance(task, (int, np.integer)) and not isinstance(task, bool):
             layout_id = int(task)
+            if not 0 <= layout_id < 1_000_000:
+                raise ResetOptionError(f"task {layout_id}: layout numbers are 0..999999")
+        else:
+            raise ResetOptionError(
+                f"options['task'] must be a layout number or a task id, got {task!r:.60}"
+            )
         self._split, self._layout_id = split, layout_id
         self._right = self.layout(layout_id, split)
         self._room, self._dead_end = 0, False

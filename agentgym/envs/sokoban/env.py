@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from agentgym.core import TextEnv, describe_action
+from agentgym.core import ResetOptionError, TextEnv, describe_action
 from agentgym.envs.sokoban.cache import RoomCache, resolve_room_cache
 from agentgym.envs.sokoban.generator import FLOOR, TARGET, WALL, Room, generate_room
 
@@ -199,6 +199,7 @@ class SokobanEnv(TextEnv):
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
     family: ClassVar[str] = "sokoban"
+    reset_option_keys: ClassVar[frozenset[str]] = frozenset({"task", "split", "room"})
     #: what the board's symbols mean (``agentgym play`` shows it)
     legend: ClassVar[str] = ", ".join(f"{SYMBOLS[k]} {k.replace('_', ' ')}" for k in _GLYPH_ORDER)
     #: invalid actions cost the step penalty, as in verl-agent
@@ -242,22 +243,31 @@ class SokobanEnv(TextEnv):
             self._set_room(first, f"{self._prefix}0")
 
     # -- tasks -------------------------------------------------------------------------------
-    def _task_index(self, task: Any) -> int:
+    def _task_index(self, task: Any, split: str | None) -> int:
         if isinstance(task, str) and not task.isdigit():
             expected = self._prefix + self._cache_tag
-            if not task.startswith(expected):
-                raise ValueError(
+            if not task.startswith(expected) or not task[len(expected) :].isdigit():
+                raise ResetOptionError(
                     f"task id {task!r} is not a task of this env (its ids look like {expected}<n>)"
                 )
             task = task[len(expected) :]
-        try:
-            index = int(task)
-        except (TypeError, ValueError):
-            raise ValueError(f"options['task'] must be an int or a task id, got {task!r}") from None
-        if self._cache is not None and not 0 <= index < len(self._cache):
-            raise ValueError(f"task {index} is outside the room cache (0..{len(self._cache) - 1})")
-        if index < 0:
-            raise ValueError(f"task {index}: task numbers are >= 0")
+        if isinstance(task, str):
+            task = int(task)
+        if isinstance(task, bool) or not isinstance(task, (int, np.integer)):
+            raise ResetOptionError(
+                f"options['task'] must be a task number or a task id, got {task!r:.60}"
+            )
+        index = int(task)
+        if self._cache is not None:
+            if not 0 <= index < len(self._cache):
+                raise ResetOptionError(
+                    f"task {index} is outside the room cache (0..{len(self._cache) - 1})"
+                )
+            return index
+        low, high = _SPLIT_SEEDS[split] if split is not None else (0, _SPLIT_SEEDS["test"][1])
+        if not low <= index < high:
+            where = f"split {split!r}" if split is not None else "any split"
+            raise ResetOptionError(f"task {index} is not a room of {where} ({low}..{high - 1})")
         return index
 
     def _reset_task(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -273,15 +283,17 @@ class SokobanEnv(TextEnv):
                 )
             self._set_room(room, f"sokoban-custom-{self._room_hash(room.fixed):016x}")
         else:
-            split = options.get("split", "train")
-            if split not in _SPLIT_SEEDS:
-                raise ValueError(f"unknown split {split!r}; choose one of {sorted(_SPLIT_SEEDS)}")
+            split = options.get("split")
+            if split is not None and split not in _SPLIT_SEEDS:
+                raise ResetOptionError(
+                    f"unknown split {split!r}; choose one of {sorted(_SPLIT_SEEDS)}"
+                )
             if "task" in options and options["task"] is not None:
-                index = self._task_index(options["task"])
+                index = self._task_index(options["task"], split)
             elif self._cache is not None:
                 index = int(self.np_random.integers(len(self._cache)))
             else:
-                index = int(self.np_random.integers(*_SPLIT_SEEDS[split]))
+                index = int(self.np_random.integers(*_SPLIT_SEEDS[split or "train"]))
             if self._cache is not None:
                 room = self._cache.room(index)
             else:

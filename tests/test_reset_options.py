@@ -1,0 +1,113 @@
+"""Task ids round-trip and bad reset options raise one documented exception, over the registry."""
+
+from __future__ import annotations
+
+import pickle
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import agentgym
+from agentgym.core import ResetOptionError
+
+#: family -> (fixture giving a real data root, the env variable the family reads it from)
+REAL_DATA = {"alfworld": ("alfworld_real_root", "ALFWORLD_DATA")}
+
+
+@pytest.fixture
+def make(request, monkeypatch):
+    def _make(env_id: str) -> gym.Env:
+        e = agentgym.entry(env_id)
+        if not e.available():
+            pytest.skip(f"{env_id} needs {e.needs}")
+        if e.real_data and e.family in REAL_DATA:
+            fixture, variable = REAL_DATA[e.family]
+            monkeypatch.setenv(variable, str(request.getfixturevalue(fixture)))
+        try:
+            return gym.make(env_id).unwrapped
+        except FileNotFoundError as exc:
+            if e.real_data:
+                pytest.skip(f"{env_id}: real data not found ({exc})")
+            raise
+
+    return _make
+
+
+ids = pytest.mark.parametrize("env_id", agentgym.env_ids())
+
+
+def _first(env, **reset):
+    obs, info = env.reset(**reset)
+    return obs, info["task_id"], info["state_key"]
+
+
+@ids
+def test_task_ids_round_trip(env_id, make):
+    env, other = make(env_id), make(env_id)
+    splits = [None]
+    for split in ("valid", "test", "valid_seen"):
+        try:
+            env.reset(seed=0, options={"split": split})
+            splits.append(split)
+        except (ResetOptionError, FileNotFoundError):  # no such split, or its data is absent
+            continue
+    for split in splits:
+        options = {"split": split} if split else None
+        for seed in (0, 1, 2):
+            obs, task_id, key = _first(env, seed=seed, options=options)
+            # the id alone picks the same task: same first observation and state
+            obs2, task_id2, key2 = _first(other, seed=99, options={"task": task_id})
+            assert (obs2, task_id2, key2) == (obs, task_id, key), (split, task_id)
+
+
+@ids
+def test_bad_reset_options_raise_one_documented_error(env_id, make):
+    env = make(env_id)
+    env.reset(seed=0)
+    foreign = {e.id: None for e in agentgym.ENTRIES if e.family != env.family}
+    bad: list = [
+        "task 3",  # not a dict
+        {"spilt": "train"},  # a typo of an option name
+        {"split": "no-such-split"},
+        {"task": "no-such-task-id"},
+        {"task": -(10**30)},
+        {"task": 10**30},
+        {"task": 3.5},
+        {"task": [1, 2]},
+        {"task": {"a": 1}},
+    ]
+    # task ids of other families (corridor ids, sokoban ids, ...) are not tasks here
+    for e in agentgym.ENTRIES:
+        if e.family != env.family and e.available() and not e.real_data and e.id in foreign:
+            try:
+                bad.append({"task": gym.make(e.id).unwrapped.reset(seed=0)[1]["task_id"]})
+            except FileNotFoundError:
+                pass
+    for options in bad:
+        with pytest.raises(ResetOptionError) as info:
+            env.reset(seed=0, options=options)
+        assert str(info.value), options
+    # and the env still works after every refusal
+    obs, info = env.reset(seed=0)
+    assert info["task_id"]
+
+
+@ids
+def test_surrounding_whitespace_never_changes_an_action(env_id, make):
+    env = make(env_id)
+    rng = np.random.default_rng(0)
+    obs, info = env.reset(seed=4)
+    for _ in range(6):
+        choices = info["admissible_actions"]
+        if not choices:
+            pytest.skip(f"{env_id} lists no admissible actions")
+        action = choices[int(rng.integers(len(choices)))]
+        padded = pickle.loads(pickle.dumps(env))  # the same state, stepped with padding
+        plain, spaced = env.step(action), padded.step(f"  {action} \n")
+        assert plain[:4] == spaced[:4], action
+        assert plain[4]["state_key"] == spaced[4]["state_key"], action
+        assert spaced[4]["action_valid"], action
+        info = plain[4]
+        if plain[2] or plain[3]:
+            break
