@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from agentgym.retrieval.encoder import st_modules
 from agentgym.retrieval.synthetic import synthetic_corpus, write_corpus
 
 SHARED_DATA = Path(
@@ -33,7 +34,7 @@ def build_tiny_encoder(out: Path, texts: list[str], hidden: int = 64, layers: in
     """Save a randomly initialised BERT (seeded) with a WordPiece tokenizer trained on ``texts``
     as a sentence-transformers folder (Transformer -> mean Pooling -> Normalize)."""
     import torch
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
     from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordPiece
     from tokenizers.trainers import WordPieceTrainer
@@ -63,9 +64,11 @@ def build_tiny_encoder(out: Path, texts: list[str], hidden: int = 64, layers: in
     raw = out / "raw"
     BertModel(config).save_pretrained(raw)
     hf_tok.save_pretrained(raw)
-    word = models.Transformer(str(raw), max_seq_length=256)
-    pool = models.Pooling(word.get_word_embedding_dimension(), pooling_mode="mean")
-    model = SentenceTransformer(modules=[word, pool, models.Normalize()], device="cpu")
+    transformer, pooling, normalize = st_modules()
+    word = transformer(str(raw), max_seq_length=256)
+    model = SentenceTransformer(
+        modules=[word, pooling(hidden, pooling_mode="mean"), normalize()], device="cpu"
+    )
     st_dir = out / "st"
     model.save(str(st_dir))
     return st_dir
