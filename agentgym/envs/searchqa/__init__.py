@@ -1,0 +1,39 @@
+"""Search-augmented QA: Search-R1's setting (NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue,
+Bamboogle) as a text env.
+
+:class:`SearchQAEnv` plays real Search-R1-style question files over any retriever of
+:mod:`agentgym.retrieval` (``AgentGym/SearchQA-v0``) and the project's generated knowledge base
+over in-process BM25 (``AgentGym/SearchQA-Synthetic-v0``, :mod:`.synthetic`). Scoring
+(:func:`exact_match`, :func:`f1`, :func:`normalize_answer`) is Search-R1's; :func:`data_status`
+says what data was found; :class:`ScriptedSearchPolicy` solves the synthetic questions by
+searching and reading.
+"""
+
+from agentgym.envs.searchqa.data import DATA_ENV, RETRIEVER_ENV, data_status, load_questions
+from agentgym.envs.searchqa.env import (
+    SearchQAEnv,
+    parse_qa_action,
+    passages_to_string,
+    shared_retriever,
+)
+from agentgym.envs.searchqa.qa import exact_match, f1, normalize_answer
+from agentgym.envs.searchqa.scripted import ScriptedSearchPolicy, parse_question
+from agentgym.envs.searchqa.synthetic import build_knowledge_base, knowledge_base
+
+__all__ = [
+    "DATA_ENV",
+    "RETRIEVER_ENV",
+    "SearchQAEnv",
+    "ScriptedSearchPolicy",
+    "build_knowledge_base",
+    "data_status",
+    "exact_match",
+    "f1",
+    "knowledge_base",
+    "load_questions",
+    "normalize_answer",
+    "parse_qa_action",
+    "parse_question",
+    "passages_to_string",
+    "shared_retriever",
+]
