@@ -125,6 +125,24 @@ ENTRIES: list[EnvEntry] = [
         needs=_ALFWORLD_NEEDS,
         extra="alfworld",
     ),
+    # --- searchqa: Search-R1 question files over a retrieval index or server; a synthetic KB ---
+    EnvEntry(
+        "AgentGym/SearchQA-v0",
+        "agentgym.envs.searchqa:SearchQAEnv",
+        "searchqa",
+        data_status="agentgym.envs.searchqa:data_status",
+        needs=("bm25s", "Stemmer", "pyarrow"),
+        real_data=True,
+        extra="retrieval",
+    ),
+    EnvEntry(
+        "AgentGym/SearchQA-Synthetic-v0",
+        "agentgym.envs.searchqa:SearchQAEnv",
+        "searchqa",
+        kwargs={"synthetic": True},
+        needs=("bm25s", "Stemmer"),
+        extra="retrieval",
+    ),
     # --- corridor: a tiny env where step-level credit matters (trainer tests, GiGPO vs GRPO) ---
     EnvEntry("AgentGym/Corridor-v0", "agentgym.envs.corridor:CorridorEnv", "corridor"),
 ]
