@@ -50,6 +50,7 @@ import contextlib
 import json
 import logging
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -63,7 +64,7 @@ from fastapi.responses import JSONResponse, Response
 
 from agentgym.retrieval.base import Hit, Retriever
 
-__all__ = ["create_app", "serve"]
+__all__ = ["BackgroundServer", "create_app", "serve", "serve_in_thread"]
 
 logger = logging.getLogger("agentgym.retrieval.server")
 
@@ -510,6 +511,56 @@ async def _read_body(request: Request, max_bytes: int) -> bytes:
             raise _BadRequest(413, f"body is over this server's {max_bytes} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+class BackgroundServer:
+    """A uvicorn server running an app in a daemon thread of this process; see
+    :func:`serve_in_thread`. ``url`` is its base URL (``http://127.0.0.1:PORT``)."""
+
+    def __init__(self, server: Any, thread: threading.Thread, url: str) -> None:
+        self._server = server
+        self._thread = thread
+        self.url = url
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the server to finish (lifespan shutdown runs) and wait for its thread."""
+        self._server.should_exit = True
+        self._thread.join(timeout)
+
+    def __enter__(self) -> BackgroundServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve_in_thread(
+    app: FastAPI, *, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 30.0
+) -> BackgroundServer:
+    """Run ``app`` with uvicorn in a background thread and return once it accepts connections.
+
+    ``port=0`` picks a free port (read it from ``.url``). For tests, notebooks and trainers that
+    want a server inside their own process; ``serve`` is the command-line way. Use it as a
+    context manager, or call ``.stop()``.
+    """
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="retrieval-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError(
+                f"the retrieval server failed to start on {host}:{port}; see the log"
+            )
+        if time.monotonic() > deadline:
+            server.should_exit = True
+            raise TimeoutError(f"the retrieval server did not start within {startup_timeout} s")
+        time.sleep(0.005)
+    bound_port = server.servers[0].sockets[0].getsockname()[1]
+    return BackgroundServer(server, thread, f"http://{host}:{bound_port}")
 
 
 def serve(
