@@ -515,6 +515,15 @@ def _search_display(action: str) -> str:
     return action
 
 
+def _information_block(result: str) -> str:
+    """A search result inside ``<information>`` tags, once: SearchQA's observations (Search-R1's
+    format) already come wrapped, other text is wrapped here."""
+    stripped = result.strip()
+    if stripped.startswith("<information>") and stripped.endswith("</information>"):
+        return stripped
+    return f"<information> {result} </information>"
+
+
 def _format_history(
     pairs: Sequence[tuple[str, str]], first_step: int, observation: str, style: str
 ) -> str:
@@ -523,7 +532,7 @@ def _format_history(
         # of pair j+1, or the current observation for the newest pair.
         results = [p[0] for p in pairs[1:]] + [observation]
         return "\n".join(
-            f"Step {first_step + j}:\n{_search_display(act)}\n<information> {res} </information>"
+            f"Step {first_step + j}:\n{_search_display(act)}\n{_information_block(res)}"
             for j, ((_, act), res) in enumerate(zip(pairs, results, strict=True))
         )
     return "\n".join(
