@@ -35,7 +35,6 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +51,7 @@ __all__ = [
     "BM25Index",
     "BM25Retriever",
     "lucene_tokenize",
+    "porter_stem",
 ]
 
 BACKENDS = ("bm25s", "pyserini", "auto")
@@ -71,29 +71,50 @@ LUCENE_ENGLISH_STOP_WORDS = frozenset(
     "there these they this to was will with".split()
 )
 
-# Word-break classes of Unicode UAX#29, as Lucene's StandardTokenizer (JFlex) applies them.
-# ALetter: letters and combining marks, minus the scripts that get their own rules below.
-_ALETTER = r"[\p{L}\p{M}\p{Nl}--\p{Han}--\p{Hiragana}--\p{Katakana}--\p{Thai}--\p{Lao}--\p{Khmer}--\p{Myanmar}]"
-_NUMERIC = r"[\p{Nd}]"
-_EXTEND_NUM_LET = r"[\p{Pc}]"  # "_" and other connector punctuation join anything
-_MID_LETTER = r"[:\u00b7\u0387\u05f4\u2027\ufe13\ufe55\uff1a]"
-_MID_NUM = r"[,;\u037e\u0589\u060c\u060d\u066c\u07f8\u2044\ufe10\ufe14\ufe50\ufe54\uff0c\uff1b]"
-_MID_NUM_LET = r"[.\u2018\u2019\u2024\ufe52\uff07\uff0e]"
-_SINGLE_QUOTE = "'"
-_WORD_CHAR = rf"[{_ALETTER}{_NUMERIC}{_EXTEND_NUM_LET}]"
-# A word: runs of letters/digits/underscores, joined by a mid-letter mark between two letters
-# (WB6/7: "can't", "u.s.a") or a mid-number mark between two digits (WB11/12: "3.14", "1,000").
+# Word-break classes of Unicode UAX#29 (the regex module's Word_Break property), as Lucene's
+# StandardTokenizer (JFlex) applies them. WB4: format/extend characters cling to what precedes.
+_EXT = r"\p{WB=Extend}\p{WB=Format}\p{WB=ZWJ}"
+_ALETTER = r"[\p{WB=ALetter}\p{WB=Hebrew_Letter}--\p{Han}--\p{Hiragana}]"
+_NUMERIC = r"\p{WB=Numeric}"
+_EXTEND_NUM_LET = r"\p{WB=ExtendNumLet}"  # "_" and other connectors join anything
+_MID_LETTER = r"[\p{WB=MidLetter}\p{WB=MidNumLet}\p{WB=Single_Quote}]"  # "can't", "u.s.a"
+_MID_NUM = r"[\p{WB=MidNum}\p{WB=MidNumLet}\p{WB=Single_Quote}]"  # "3.14", "1,000"
+_WORD_CHAR = rf"[{_ALETTER}{_NUMERIC}{_EXTEND_NUM_LET}{_EXT}]"
+# A word: letters/digits/connectors, with a mid-letter mark kept only between two letters
+# (WB6/7) and a mid-number mark only between two digits (WB11/12); at least one letter or digit.
 _WORD = (
-    rf"{_WORD_CHAR}+"
-    rf"(?:(?<={_ALETTER})(?:{_MID_LETTER}|{_MID_NUM_LET}|{_SINGLE_QUOTE})(?={_ALETTER})"
-    rf"{_WORD_CHAR}+"
-    rf"|(?<={_NUMERIC})(?:{_MID_NUM}|{_MID_NUM_LET}|{_SINGLE_QUOTE})(?={_NUMERIC}){_WORD_CHAR}+)*"
+    rf"(?=[{_EXTEND_NUM_LET}]*[{_ALETTER}{_NUMERIC}]){_WORD_CHAR}+"
+    rf"(?:(?<={_ALETTER}[{_EXT}]*){_MID_LETTER}(?=[{_EXT}]*{_ALETTER}){_WORD_CHAR}+"
+    rf"|(?<={_NUMERIC}[{_EXT}]*){_MID_NUM}(?=[{_EXT}]*{_NUMERIC}){_WORD_CHAR}+)*"
+)
+# Unicode's Extended_Pictographic (emoji-data.txt; the regex module's own table is incomplete):
+# Lucene emits each pictograph (with its variation selector / skin tone / ZWJ sequence) as a token.
+_PICTOGRAPHIC = (
+    "\u00a9\u00ae\u203c\u2049\u2122\u2139\u2194-\u2199\u21a9\u21aa\u231a\u231b\u2328\u2388"
+    "\u23cf\u23e9-\u23f3\u23f8-\u23fa\u24c2\u25aa\u25ab\u25b6\u25c0\u25fb-\u25fe\u2600-\u2605"
+    "\u2607-\u2612\u2614-\u2685\u2690-\u2705\u2708-\u2712\u2714\u2716\u271d\u2721\u2728"
+    "\u2733\u2734\u2744\u2747\u274c\u274e\u2753-\u2755\u2757\u2763-\u2767\u2795-\u2797"
+    "\u27a1\u27b0\u27bf\u2934\u2935\u2b05-\u2b07\u2b1b\u2b1c\u2b50\u2b55\u3030\u303d\u3297"
+    "\u3299\U0001f000-\U0001f0ff\U0001f10d-\U0001f10f\U0001f12f\U0001f16c-\U0001f171"
+    "\U0001f17e\U0001f17f\U0001f18e\U0001f191-\U0001f19a\U0001f1ad-\U0001f1e5"
+    "\U0001f201-\U0001f20f\U0001f21a\U0001f22f\U0001f232-\U0001f23a\U0001f23c-\U0001f23f"
+    "\U0001f249-\U0001f3fa\U0001f400-\U0001f53d\U0001f546-\U0001f64f\U0001f680-\U0001f6ff"
+    "\U0001f774-\U0001f77f\U0001f7d5-\U0001f7ff\U0001f80c-\U0001f80f\U0001f848-\U0001f84f"
+    "\U0001f85a-\U0001f85f\U0001f888-\U0001f88f\U0001f8ae-\U0001f8ff\U0001f90c-\U0001f93a"
+    "\U0001f93c-\U0001f945\U0001f947-\U0001faff\U0001fc00-\U0001fffd"
+)
+_EMOJI_TAIL = "[\ufe0f\U0001f3fb-\U0001f3ff]*"  # presentation selector, skin tones
+_EMOJI = (
+    rf"[{_PICTOGRAPHIC}]{_EMOJI_TAIL}(?:\u200d[{_PICTOGRAPHIC}]{_EMOJI_TAIL})*"
+    r"|[#*0-9]\ufe0f?\u20e3"  # keycaps
+    r"|[\U0001f1e6-\U0001f1ff]{2}"  # flags: regional-indicator pairs
 )
 _TOKEN_RE = regex.compile(
-    rf"{_WORD}"
-    r"|[\p{Katakana}\u30fc\u309b\u309c\uff70]+"  # Katakana runs are one token
-    r"|[\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}]+"  # South-East Asian runs: no dictionary split
-    r"|\p{Han}|\p{Hiragana}",  # ideographs and hiragana: one token per character
+    rf"{_EMOJI}"
+    rf"|{_WORD}"
+    rf"|(?=[{_EXTEND_NUM_LET}]*\p{{WB=Katakana}})[\p{{WB=Katakana}}{_EXTEND_NUM_LET}{_EXT}]+"  # Katakana runs
+    r"|[\p{Han}\p{Hiragana}]"  # ideographs and hiragana: one token per character
+    r"|\p{LB=SA}+",  # South-East Asian scripts (Thai, Lao, ...): whole runs, no dictionary
     flags=regex.V1,
 )
 # Java's Character.toLowerCase maps code points one to one; str.lower() does not for these.
@@ -117,31 +138,181 @@ def _raw_tokens(text: str) -> list[str]:
     return tokens
 
 
-@lru_cache(maxsize=1)
-def _stemmer():
-    import Stemmer  # PyStemmer; its "porter" is Porter's original algorithm, as Lucene's
+# Lucene's PorterStemmer is Porter's reference implementation (release 3), which departs from the
+# published algorithm (and from Snowball's "porter", e.g. PyStemmer) in step 2: "-bli" -> "-ble"
+# (not "-abli" -> "-able") and "-logi" -> "-log". So "technology" -> "technolog" here, as in
+# Lucene, where Snowball gives "technologi". This transcription matches Lucene on ~99k words.
+_VOWELS = frozenset("aeiou")
 
-    return Stemmer.Stemmer("porter")
+
+def porter_stem(word: str) -> str:
+    """Stem one lower-cased word; words of 1-2 characters are returned unchanged."""
+    if len(word) <= 2:
+        return word
+    b = list(word)
+    k = len(b) - 1  # last index of the current word
+    j = 0  # end of the stem, set by ends()
+
+    def cons(i: int) -> bool:
+        ch = b[i]
+        if ch in _VOWELS:
+            return False
+        if ch == "y":
+            return True if i == 0 else not cons(i - 1)
+        return True
+
+    def measure() -> int:  # number of VC sequences in b[0..j]
+        n, i = 0, 0
+        while True:
+            if i > j:
+                return n
+            if not cons(i):
+                break
+            i += 1
+        i += 1
+        while True:
+            while True:
+                if i > j:
+                    return n
+                if cons(i):
+                    break
+                i += 1
+            i += 1
+            n += 1
+            while True:
+                if i > j:
+                    return n
+                if not cons(i):
+                    break
+                i += 1
+            i += 1
+
+    def vowel_in_stem() -> bool:
+        return any(not cons(i) for i in range(j + 1))
+
+    def double_cons(i: int) -> bool:
+        return i >= 1 and b[i] == b[i - 1] and cons(i)
+
+    def cvc(i: int) -> bool:
+        if i < 2 or not cons(i) or cons(i - 1) or not cons(i - 2):
+            return False
+        return b[i] not in "wxy"
+
+    def ends(s: str) -> bool:
+        nonlocal j
+        n = len(s)
+        if n > k + 1 or "".join(b[k - n + 1 : k + 1]) != s:
+            return False
+        j = k - n
+        return True
+
+    def set_to(s: str) -> None:
+        nonlocal k
+        b[j + 1 :] = list(s)
+        k = j + len(s)
+
+    def replace_if_measured(s: str) -> None:
+        if measure() > 0:
+            set_to(s)
+
+    # step 1a/1b: plurals, -ed, -ing
+    if b[k] == "s":
+        if ends("sses"):
+            k -= 2
+        elif ends("ies"):
+            set_to("i")
+        elif b[k - 1] != "s":
+            k -= 1
+    if ends("eed"):
+        if measure() > 0:
+            k -= 1
+    elif (ends("ed") or ends("ing")) and vowel_in_stem():
+        k = j
+        if ends("at"):
+            set_to("ate")
+        elif ends("bl"):
+            set_to("ble")
+        elif ends("iz"):
+            set_to("ize")
+        elif double_cons(k):
+            if b[k] not in "lsz":
+                k -= 1
+        elif measure() == 1 and cvc(k):
+            set_to("e")
+    # step 1c: terminal y -> i when the stem has a vowel
+    if ends("y") and vowel_in_stem():
+        b[k] = "i"
+    # step 2: double suffixes -> single ones
+    if k != 0:
+        for suffix, repl in _STEP2.get(b[k - 1], ()):
+            if ends(suffix):
+                replace_if_measured(repl)
+                break
+    # step 3: -ic-, -full, -ness
+    for suffix, repl in _STEP3.get(b[k], ()):
+        if ends(suffix):
+            replace_if_measured(repl)
+            break
+    # step 4: -ant, -ence, ... when m > 1
+    if k != 0:
+        for suffix in _STEP4.get(b[k - 1], ()):
+            if ends(suffix):
+                if suffix == "ion" and not (j >= 0 and b[j] in "st"):
+                    continue
+                if measure() > 1:
+                    k = j
+                break
+    # step 5: final -e, -ll
+    j = k
+    if b[k] == "e":
+        m = measure()
+        if m > 1 or (m == 1 and not cvc(k - 1)):
+            k -= 1
+    if b[k] == "l" and double_cons(k) and measure() > 1:
+        k -= 1
+    return "".join(b[: k + 1])
+
+
+# Keyed by the penultimate (step 2, 4) or last (step 3) letter, tried in order.
+_STEP2 = {
+    "a": (("ational", "ate"), ("tional", "tion")),
+    "c": (("enci", "ence"), ("anci", "ance")),
+    "e": (("izer", "ize"),),
+    "l": (("bli", "ble"), ("alli", "al"), ("entli", "ent"), ("eli", "e"), ("ousli", "ous")),
+    "o": (("ization", "ize"), ("ation", "ate"), ("ator", "ate")),
+    "s": (("alism", "al"), ("iveness", "ive"), ("fulness", "ful"), ("ousness", "ous")),
+    "t": (("aliti", "al"), ("iviti", "ive"), ("biliti", "ble")),
+    "g": (("logi", "log"),),
+}
+_STEP3 = {
+    "e": (("icate", "ic"), ("ative", ""), ("alize", "al")),
+    "i": (("iciti", "ic"),),
+    "l": (("ical", "ic"), ("ful", "")),
+    "s": (("ness", ""),),
+}
+_STEP4 = {
+    "a": ("al",),
+    "c": ("ance", "ence"),
+    "e": ("er",),
+    "i": ("ic",),
+    "l": ("able", "ible"),
+    "n": ("ant", "ement", "ment", "ent"),
+    "o": ("ion", "ou"),
+    "s": ("ism",),
+    "t": ("ate", "iti"),
+    "u": ("ous",),
+    "v": ("ive",),
+    "z": ("ize",),
+}
 
 
 def _terms_of_raw(raw: Sequence[str]) -> list[str | None]:
     """Map lower-cased raw tokens to index terms; ``None`` for stop words."""
     out: list[str | None] = []
-    kept: list[str] = []
-    where: list[int] = []
     for token in raw:
         if token.endswith(_POSSESSIVE_SUFFIXES):
             token = token[:-2]
-        if token in LUCENE_ENGLISH_STOP_WORDS:
-            out.append(None)
-        elif len(token) <= 2:  # Lucene's PorterStemmer leaves 1-2 letter words alone
-            out.append(token)
-        else:
-            where.append(len(out))
-            kept.append(token)
-            out.append(token)
-    for i, stem in zip(where, _stemmer().stemWords(kept), strict=True):
-        out[i] = stem
+        out.append(None if token in LUCENE_ENGLISH_STOP_WORDS else porter_stem(token))
     return out
 
 
