@@ -1,0 +1,349 @@
+"""Title nouns for WebShop's type reward: spaCy's tagger when installed, else a model-free fallback.
+
+WebShop's ``get_type_reward`` runs spaCy's ``en_core_web_sm`` over the goal's and the purchased
+product's titles and keeps the lower-cased text of every token tagged ``NOUN`` or ``PROPN`` (its
+list also names ``PNOUN``, which is not a spaCy tag and never matches). The result is a *list*:
+repeated nouns count again in the title score's denominator. A :class:`NounExtractor` returns the
+same thing as a tuple, in title order, repeats kept.
+
+- :class:`SpacyNouns` is that extractor, exactly: ``SpacyNouns()`` loads ``en_core_web_sm`` by
+  name (install it with ``python -m spacy download en_core_web_sm``), ``SpacyNouns(PATH)`` loads a
+  model folder. Only the tagger path runs (tok2vec, tagger, attribute_ruler): the parser,
+  lemmatizer and NER do not change ``pos_`` and cost two thirds of the time.
+- :class:`FallbackNouns` needs no model: a tokenizer following spaCy's English punctuation rules
+  and a small hand-written lexicon of English function words, number words and common product-title
+  adjectives/verbs, with suffix rules for the rest. On WebShop's 1000-product catalogue it changes
+  about 4% of purchase rewards relative to the model (an extractor keeping every word changes ~8%);
+  see ``tests/envs/test_webshop_reward.py``.
+
+:func:`default_noun_extractor` picks one per process: the model named by ``$WEBSHOP_SPACY_MODEL``
+(a name or a folder), else ``en_core_web_sm`` if it loads, else the fallback; it says which on
+stderr once. Both extractors memoise titles, which repeat across steps and episodes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+__all__ = [
+    "NOUN_POS",
+    "FallbackNouns",
+    "NounExtractor",
+    "SpacyNouns",
+    "default_noun_extractor",
+    "reset_default_noun_extractor",
+]
+
+#: The part-of-speech tags WebShop keeps ("PNOUN" is in its list but is no spaCy tag).
+NOUN_POS: frozenset[str] = frozenset({"PNOUN", "NOUN", "PROPN"})
+
+#: Environment variable naming the spaCy model (a package name or a model folder).
+MODEL_ENV_VAR = "WEBSHOP_SPACY_MODEL"
+
+_DEFAULT_MODEL = "en_core_web_sm"
+_MEMO_LIMIT = 1 << 17  # distinct titles memoised per extractor (WebShop's full catalogue: ~1.2M)
+
+
+@runtime_checkable
+class NounExtractor(Protocol):
+    """Maps a title to its lower-cased noun tokens, in order, repeats kept."""
+
+    def __call__(self, text: str) -> tuple[str, ...]: ...
+
+
+class _Memo:
+    """A bounded str -> tuple memo, cleared wholesale when full (titles repeat in bursts)."""
+
+    def __init__(self, compute: Callable[[str], tuple[str, ...]]) -> None:
+        self._compute = compute
+        self._memo: dict[str, tuple[str, ...]] = {}
+
+    def __call__(self, text: str) -> tuple[str, ...]:
+        nouns = self._memo.get(text)
+        if nouns is None:
+            nouns = self._compute(text)
+            if len(self._memo) >= _MEMO_LIMIT:
+                self._memo.clear()
+            self._memo[text] = nouns
+        return nouns
+
+
+class SpacyNouns:
+    """WebShop's title nouns from a spaCy pipeline: ``[t.text.lower() for t in nlp(text) if t.pos_ in
+    ("PNOUN", "NOUN", "PROPN")]``, as a tuple.
+
+    Args:
+        model: a spaCy package name (default ``en_core_web_sm``, WebShop's model) or a path to an
+            unpacked model folder.
+
+    Raises:
+        OSError: the model is not installed; the message says how to install it.
+        ImportError: spaCy itself is missing (``pip install 'agentgym-envs[spacy]'``).
+    """
+
+    def __init__(self, model: str | os.PathLike[str] = _DEFAULT_MODEL) -> None:
+        import spacy
+
+        self.model = str(model)
+        try:
+            # pos_ comes from tagger + attribute_ruler; the rest of the pipeline never touches it
+            self._nlp = spacy.load(self.model, exclude=["parser", "ner", "lemmatizer", "senter"])
+        except OSError as exc:
+            raise OSError(
+                f"spaCy model {self.model!r} not found: install WebShop's model with "
+                f"`python -m spacy download {_DEFAULT_MODEL}`, point ${MODEL_ENV_VAR} at an "
+                "unpacked model folder, or use FallbackNouns()"
+            ) from exc
+        self._memo = _Memo(self._extract)
+
+    def _extract(self, text: str) -> tuple[str, ...]:
+        return tuple(t.text.lower() for t in self._nlp(text) if t.pos_ in NOUN_POS)
+
+    def __call__(self, text: str) -> tuple[str, ...]:
+        return self._memo(text)
+
+    def __reduce__(self):
+        # a pickled extractor reloads its model by name/path instead of shipping the pipeline
+        return (type(self), (self.model,))
+
+    def __repr__(self) -> str:
+        return f"SpacyNouns({self.model!r})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Fallback: spaCy-like tokenisation + a lexicon of words that are *not* nouns.
+# ---------------------------------------------------------------------------------------------
+
+# Tokenisation (spaCy's English rules, restricted to what product titles contain): split on
+# whitespace; peel prefix punctuation (brackets, quotes, $, #, ...); peel suffix punctuation,
+# "'s", units after digits ("5.5ft" -> "5.5", "ft") and a final period; split hyphens and slashes
+# between letters ("Sofa-Tables", "DVD/VCR"), and a hyphen after a digit before a letter ("3-Piece").
+_PREFIX = re.compile(r"""^(?:[\(\[\{<"'“‘«`´,:;!?&*#_§%=+$£€¥~]|—|–|\.\.+|…)""")
+_SUFFIX = re.compile(
+    r"""(?:[\)\]\}>"'”’»`´,:;!?&*#_~%]|—|–|\.\.+|…|'s|'S|’s|’S"""
+    r"""|(?<=[0-9])(?:km|m|dm|cm|mm|ha|nm|yd|in|ft|kg|g|mg|t|lb|oz|mph|mb|MB|kb|KB|gb|GB|tb|TB"""
+    r"""|T|G|M|K|\$|\+)"""
+    r"""|(?<=[0-9a-z%"'”’)\]])\.|(?<=[A-Z][A-Z])\.)$"""
+)
+_INFIX = re.compile(
+    r"(?<=[A-Za-z0-9])(?:-|–|—|~|/|:|<|>|=)(?=[A-Za-z])"
+    r"|(?<=[A-Za-z]),(?=[A-Za-z])|(?<=[a-z])\.(?=[A-Z])"
+    r"|(?<=[0-9])[+*^](?=[0-9-])|(?<=[0-9])-(?=[0-9-])"
+)
+_HAS_LETTER = re.compile(r"[^\W\d_]")
+_NUMBER = re.compile(r"^[+-]?(?:\d+(?:[.,/:]\d+)*|\d*\.\d+)(?:st|nd|rd|th|s)?$", re.IGNORECASE)
+
+
+def _tokenize(text: str) -> list[str]:
+    """Split ``text`` into tokens the way spaCy's English tokenizer does for ordinary titles."""
+    tokens: list[str] = []
+    for chunk in text.split():
+        prefixes: list[str] = []
+        suffixes: list[str] = []
+        while chunk:
+            m = _PREFIX.match(chunk)
+            if m is None or m.end() == len(chunk):
+                break
+            prefixes.append(m.group())
+            chunk = chunk[m.end() :]
+        while chunk:
+            m = _SUFFIX.search(chunk)
+            if m is None or m.start() == 0:
+                break
+            suffixes.append(m.group())
+            chunk = chunk[: m.start()]
+        tokens.extend(prefixes)
+        if chunk:
+            start = 0
+            for m in _INFIX.finditer(chunk):
+                if m.start() > start:
+                    tokens.append(chunk[start : m.start()])
+                tokens.append(m.group())
+                start = m.end()
+            tokens.append(chunk[start:])
+        tokens.extend(reversed(suffixes))
+    return tokens
+
+
+def _words(block: str) -> frozenset[str]:
+    return frozenset(block.split())
+
+
+# Closed-class words: never nouns, whatever their case ("For", "WITH", "and").
+_FUNCTION_WORDS = _words("""
+    a an the this that these those each every either neither some any no both another such
+    what which whose whatever i me my mine you your yours he him his she her hers it its we us our
+    ours they them their theirs myself yourself himself herself itself ourselves themselves who
+    whom about above across after against along among amongst around as at before behind below
+    beneath beside besides between beyond by despite down during except for from in inside into
+    near of off on onto out outside over per since through throughout till to toward towards
+    under underneath until unto up upon via with within without and or but nor yet if because
+    while whether than though although unless whereas is are was were be been being am do does
+    did doing have has had having can could will would shall should may might must 's n't not
+    very too also just only even ever never always often here there now then again away
+    together almost quite rather really so how when where why whenever
+""")
+
+# Number words and ordinals: NUM / ADJ.
+_NUMBER_WORDS = _words("""
+    zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen
+    sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety
+    hundred thousand million billion dozen first second third fourth fifth sixth seventh eighth
+    ninth tenth
+""")
+
+# Words that a title uses as adjectives, verbs or adverbs when written in lower case. In title
+# case spaCy tags most of them PROPN, so they only count as non-nouns in lower case.
+_LOWER_NON_NOUNS = _words("""
+    new old small large big little huge tiny tall short long high low wide narrow thin thick
+    slim heavy light lightweight soft hard firm hot cold warm cool dry wet fresh clean pure free
+    easy simple basic classic modern vintage retro rustic elegant luxury luxurious fancy cute
+    pretty beautiful lovely sexy casual formal comfortable comfy cozy durable sturdy strong
+    portable adjustable foldable washable reusable rechargeable waterproof breathable stretchy
+    stretch natural organic vegan healthy nutritious delicious sweet sour spicy salty tasty
+    gluten-free sugar-free non-gmo kosher premium professional original authentic genuine real
+    perfect great good best better top ideal extra super ultra full empty whole complete
+    multi multiple various different same other own certain special unique creative decorative
+    digital electric electronic wireless smart automatic manual mini compact slim flat round
+    square rectangular oval straight curly wavy smooth rough shiny matte glossy clear transparent
+    black white red blue green yellow pink purple gray grey brown orange silver golden beige navy
+    dark bright pale deep rich vibrant colorful multicolor assorted mixed solid printed floral
+    striped plaid plain cotton leather wooden metal metallic plastic ceramic stainless steel
+    glass silk wool woolen linen denim velvet suede faux synthetic
+    men's women's mens womens unisex adult adults kid kids baby toddler youth boy's girl's
+    indoor outdoor daily everyday anti non-slip nonslip slip-resistant resistant proof
+    made used designed suitable compatible available included perfect fit fits fitting
+    fitted stylish fashionable trendy fashion sleeveless short-sleeve long-sleeve loose tight
+    plus petite tall regular oversized slim-fit skinny relaxed
+    sensitive oily dry normal damaged frizzy fine thin thick coarse dull
+    moisturizing hydrating nourishing soothing cleansing refreshing brightening whitening
+    long-lasting lasting waterproof smudge-proof
+    heavy-duty duty non-toxic eco-friendly friendly safe safety
+    personal perfect essential single double triple half x
+""")
+
+# Adjectives and participles that stay non-nouns even capitalised in a title ("Full Size",
+# "Made in USA", "Compatible with ...").
+_CAPITALISED_NON_NOUNS = _words("""
+    full large made all original based designed included includes fully
+""")
+
+# Symbols spaCy's tagger calls NOUN inside titles ("Shampoo | 8 oz", "100 %", "360 °").
+_SYMBOL_NOUNS = frozenset({"|", "%", "°"})
+
+# Lower-case word endings that mark adjectives, verbs and adverbs; exceptions are nouns.
+_NON_NOUN_SUFFIXES = (
+    "able", "ible", "ful", "less", "ous", "ive", "ish", "ly", "ed", "est", "ical",
+)  # fmt: skip
+_SUFFIX_NOUN_EXCEPTIONS = _words("""
+    table cable stable vegetable turntable timetable bible fly butterfly supply family belly
+    jelly lily bully assembly holly rally ally anomaly ply reply bed shed sled seed weed speed
+    feed need reed steed breed bleed tweed deed creed pest nest chest vest test rest guest
+    forest crest quest interest harvest contest protest drive olive archive five knife life wife
+    wool bowl
+""")
+
+
+class FallbackNouns:
+    """Title nouns without a model: spaCy-like tokens minus function words, numbers and adjectives.
+
+    A token counts as a noun when it has a letter, is not a function word or number word, and
+    (in lower case only) is neither a listed adjective/verb/adverb nor ends like one (``-able``,
+    ``-ful``, ``-ous``, ``-ly``, ``-ed``, ...). Title-cased and upper-cased words are kept, as
+    spaCy's tagger marks most of them ``PROPN`` in product titles. Returns lower-cased tokens in
+    order, repeats kept (WebShop's list semantics). Pure Python, ~20 us per new title, memoised.
+    """
+
+    def __init__(self) -> None:
+        self._memo = _Memo(self._extract)
+
+    @staticmethod
+    def _is_noun(token: str) -> bool:
+        if token in _SYMBOL_NOUNS:
+            return True
+        if not _HAS_LETTER.search(token) or _NUMBER.match(token):
+            return False
+        lower = token.lower()
+        if lower in _FUNCTION_WORDS or lower in _NUMBER_WORDS or lower in _CAPITALISED_NON_NOUNS:
+            return False
+        if token != lower:
+            return True
+        if lower in _LOWER_NON_NOUNS:
+            return False
+        if lower.endswith(_NON_NOUN_SUFFIXES) and lower not in _SUFFIX_NOUN_EXCEPTIONS:
+            return False
+        return True
+
+    def _extract(self, text: str) -> tuple[str, ...]:
+        return tuple(token.lower() for token in _tokenize(text) if self._is_noun(token))
+
+    def __call__(self, text: str) -> tuple[str, ...]:
+        return self._memo(text)
+
+    def __reduce__(self):
+        return (type(self), ())
+
+    def __repr__(self) -> str:
+        return "FallbackNouns()"
+
+
+# ---------------------------------------------------------------------------------------------
+# One extractor per process.
+# ---------------------------------------------------------------------------------------------
+
+_default: NounExtractor | None = None
+_default_lock = threading.Lock()
+
+
+def default_noun_extractor() -> NounExtractor:
+    """The process-wide extractor: spaCy's model when it loads, else :class:`FallbackNouns`.
+
+    Tries ``$WEBSHOP_SPACY_MODEL`` (a package name or a model folder) if set, else
+    ``en_core_web_sm``. Prints one line on stderr saying which extractor is in use. A set but
+    unloadable ``$WEBSHOP_SPACY_MODEL`` also falls back, and the line says why.
+    """
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = _choose_default()
+        return _default
+
+
+def reset_default_noun_extractor() -> None:
+    """Forget the process-wide extractor (the next call chooses again, e.g. after setting
+    ``$WEBSHOP_SPACY_MODEL``)."""
+    global _default
+    with _default_lock:
+        _default = None
+
+
+def _choose_default() -> NounExtractor:
+    requested = os.environ.get(MODEL_ENV_VAR, "").strip()
+    model = requested or _DEFAULT_MODEL
+    try:
+        extractor = SpacyNouns(model)
+    except (ImportError, OSError, ValueError) as exc:
+        reason = "spaCy is not installed" if isinstance(exc, ImportError) else f"{exc}"
+        if not requested:
+            reason = (
+                f"spaCy model {model!r} not installed (python -m spacy download {_DEFAULT_MODEL}"
+                f" or set ${MODEL_ENV_VAR})"
+                if not isinstance(exc, ImportError)
+                else reason
+            )
+        print(
+            f"agentgym webshop: title nouns from FallbackNouns (no model): {reason}",
+            file=sys.stderr,
+        )
+        return FallbackNouns()
+    where = f"{model} (${MODEL_ENV_VAR})" if requested else model
+    if Path(model).is_dir():
+        where = f"folder {where}"
+    print(f"agentgym webshop: title nouns from spaCy model {where}", file=sys.stderr)
+    return extractor
