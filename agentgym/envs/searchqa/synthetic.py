@@ -26,9 +26,13 @@ Everything is labelled synthetic (``data_source = "synthetic"``).
 from __future__ import annotations
 
 import functools
+import json
+import os
 import re
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -41,6 +45,7 @@ __all__ = [
     "QuestionTemplate",
     "build_knowledge_base",
     "knowledge_base",
+    "write_search_r1_files",
 ]
 
 SPLITS: tuple[str, ...] = ("train", "valid", "test")
@@ -429,3 +434,72 @@ def _walk(facts: dict[str, dict[str, str]], start: str, chain: Sequence[str]) ->
 def knowledge_base(seed: int = 0) -> KnowledgeBase:
     """The default-size :func:`build_knowledge_base` for ``seed``, built once per process."""
     return build_knowledge_base(seed)
+
+
+# Our own instruction (the env never reads it); it ends with "Question: ..." as Search-R1's does,
+# so a file without a question column still gives the question back.
+_PROMPT = (
+    "Answer the question. Search with <search> query </search>; results come back between "
+    "<information> and </information>. Give the final answer inside <answer> and </answer>. "
+    "Question: {question}\n"
+)
+
+
+def _atomic(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_search_r1_files(
+    out_dir: str | os.PathLike[str], seed: int = 0, splits: Sequence[str] = SPLITS
+) -> dict[str, Path]:
+    """Write the synthetic benchmark as Search-R1's files, for any tool that reads them.
+
+    Writes ``corpus.jsonl`` (wiki-18 records: ``{"id", "contents"}``) and one
+    ``<split>.parquet`` per split with Search-R1's columns (``id``, ``question``,
+    ``golden_answers``, ``data_source``, ``prompt``, ``ability``,
+    ``reward_model.ground_truth.target``, ``extra_info.split`` / ``index``). Each file is
+    written to a temporary name and renamed, so an interrupted run leaves no half file.
+    Returns ``{"corpus": path, split: path, ...}``.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    kb = knowledge_base(seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"corpus": out / "corpus.jsonl"}
+
+    def write_corpus(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for doc in kb.passages:
+                f.write(json.dumps(doc) + "\n")
+
+    _atomic(paths["corpus"], write_corpus)
+    for split in splits:
+        rows = [
+            {
+                "id": q.id,
+                "question": q.question,
+                "golden_answers": list(q.golden_answers),
+                "data_source": "synthetic",
+                "prompt": [{"role": "user", "content": _PROMPT.format(question=q.question)}],
+                "ability": "fact-reasoning",
+                "reward_model": {
+                    "style": "rule",
+                    "ground_truth": {"target": list(q.golden_answers)},
+                },
+                "extra_info": {"split": split, "index": i},
+            }
+            for i, q in enumerate(kb.split(split))
+        ]
+        paths[split] = out / f"{split}.parquet"
+        table = pa.Table.from_pylist(rows)
+        _atomic(paths[split], lambda tmp, table=table: pq.write_table(table, tmp))
+    return paths
