@@ -25,12 +25,21 @@ simulator) is replaced; the episodes it held end with ``truncated=True`` and
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import multiprocessing as mp
+import json
 import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
 import traceback
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing import connection as mp_connection
 from typing import Any
 
 import gymnasium as gym
@@ -39,7 +48,14 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-__all__ = ["Step", "Trajectory", "GroupVectorEnv", "EnvFactory", "make_group_vector_env"]
+__all__ = [
+    "Step",
+    "Trajectory",
+    "GroupVectorEnv",
+    "EnvError",
+    "EnvFactory",
+    "make_group_vector_env",
+]
 
 WrapperSpec = tuple[Callable[..., gym.Env], dict[str, Any]]
 
@@ -108,22 +124,96 @@ ResetResult = tuple[str, dict[str, Any]]
 StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 
 
+@dataclass
+class _Failure:
+    """Stands in for one env's result when that env raised or its worker was lost.
+
+    ``raised``: the env itself raised (a bug or bad input, reported to the caller as
+    :class:`EnvError`); otherwise its worker died or hung, and the episode just ends truncated.
+    """
+
+    reason: str
+    """one line: ``"ValueError: bad task"`` or ``"env worker 1 (pid 7) died (...)"``"""
+    raised: bool
+    traceback: str = ""
+    """the env's traceback, formatted where it happened (workers send text, not exceptions)"""
+    exc: BaseException | None = field(default=None, repr=False, compare=False)
+    """the exception itself, in-process only (it may not pickle)"""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "exc": None}
+
+
+class EnvError(RuntimeError):
+    """An env raised inside ``reset`` or ``step``; says which env (index, group) and why.
+
+    ``env_index`` / ``group`` name the first env that failed, ``failed`` lists every one.
+    """
+
+    def __init__(self, message: str, env_index: int, group: int, failed: list[int]):
+        super().__init__(message)
+        self.env_index, self.group, self.failed = env_index, group, failed
+
+
+class _UnsendableAction:
+    """An action that cannot be pickled (a lambda, a lock), as it reaches a worker.
+
+    Not text, so the env treats it exactly as it treats the original in-process (an invalid
+    step); its ``repr`` is the original's, so the observation is the same text too.
+    """
+
+    __slots__ = ("text",)
+
+    def __init__(self, action: Any):
+        self.text = repr(action)
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _sendable(action: Any) -> Any:
+    if isinstance(action, (str, bytes)):
+        return action
+    try:
+        pickle.dumps(action)
+    except Exception:  # noqa: BLE001 - whatever pickle raises, the action cannot travel
+        return _UnsendableAction(action)
+    return action
+
+
 class _EnvHost:
     """Holds a shard of envs and answers ("reset" | "step", payload) commands.
 
     Used as is by the in-process backend, inside each worker process, and as a Ray actor.
-    Payloads: reset ``[(local_index, seed, options)]``, step ``[(local_index, action)]``.
+    Payloads: reset ``[(local_index, seed, options)]``, step ``[(local_index, action)]``. The
+    answer has one entry per request: the env's result, or a :class:`_Failure` if it raised
+    (the other envs of the shard still run, so one bad env never desynchronises the rest).
     """
 
     def __init__(self, factory: EnvFactory, num_envs: int):
         self.envs = [factory() for _ in range(num_envs)]
+        self.keep_exceptions = False  # in-process: keep the exception object for chaining
 
     def run(self, cmd: str, payload: Sequence[tuple]) -> list[Any]:
-        if cmd == "reset":
-            return [self.envs[i].reset(seed=seed, options=opts) for i, seed, opts in payload]
-        if cmd == "step":
-            return [self.envs[i].step(a) for i, a in payload]
-        raise ValueError(f"unknown command {cmd!r}")
+        if cmd not in ("reset", "step"):
+            raise ValueError(f"unknown command {cmd!r}")
+        out: list[Any] = []
+        for i, *args in payload:
+            try:
+                if cmd == "reset":
+                    out.append(self.envs[i].reset(seed=args[0], options=args[1]))
+                else:
+                    out.append(self.envs[i].step(args[0]))
+            except Exception as exc:  # noqa: BLE001 - reported per env, see _Failure
+                out.append(
+                    _Failure(
+                        f"{type(exc).__name__}: {exc}".splitlines()[0][:500],
+                        raised=True,
+                        traceback=traceback.format_exc(),
+                        exc=exc if self.keep_exceptions else None,
+                    )
+                )
+        return out
 
     def close(self) -> None:
         for env in self.envs:
@@ -131,34 +221,15 @@ class _EnvHost:
 
 
 class _InProcessBackend(_EnvHost):
-    def reset(self, requests: Sequence[tuple[int, int | None, dict | None]]) -> list[ResetResult]:
+    def __init__(self, factory: EnvFactory, num_envs: int):
+        super().__init__(factory, num_envs)
+        self.keep_exceptions = True
+
+    def reset(self, requests: Sequence[tuple[int, int | None, dict | None]]) -> list[Any]:
         return self.run("reset", requests)
 
-    def step(self, requests: Sequence[tuple[int, Any]]) -> list[StepResult | None]:
+    def step(self, requests: Sequence[tuple[int, Any]]) -> list[Any]:
         return self.run("step", requests)
-
-
-def _worker_main(conn, factory: EnvFactory, num_envs: int) -> None:
-    """Worker process loop around an :class:`_EnvHost`; replies ("ok" | "error", payload)."""
-    try:
-        host = _EnvHost(factory, num_envs)
-        conn.send(("ready", None))
-    except Exception:  # noqa: BLE001 - report construction errors to the parent, then exit
-        conn.send(("error", traceback.format_exc()))
-        return
-    while True:
-        try:
-            cmd, payload = conn.recv()
-        except (EOFError, KeyboardInterrupt):
-            break
-        if cmd == "close":
-            host.close()
-            conn.send(("ok", None))
-            break
-        try:
-            conn.send(("ok", host.run(cmd, payload)))
-        except Exception:  # noqa: BLE001 - an env bug must reach the parent as an error, not a hang
-            conn.send(("error", traceback.format_exc()))
 
 
 class WorkerDied(RuntimeError):
@@ -169,9 +240,13 @@ class _ShardedBackend:
     """Envs split over workers (processes or Ray actors); env ``i`` lives in worker ``owner[i]``.
 
     Subclasses start, address and kill workers; this class splits requests into shards, sends
-    them all before gathering (workers run in parallel), and turns a dead worker into a fresh
-    one plus a reason for the episodes it held.
+    them all before gathering (workers run in parallel), waits for every answer against ONE
+    deadline (k hung workers cost one ``timeout``, not k), and turns a lost worker into a
+    :class:`_Failure` for each env it held plus a fresh worker, started at once and awaited at
+    its next use (its envs are new, so that use is a reset).
     """
+
+    kind = "worker"
 
     def __init__(self, factory: EnvFactory, num_envs: int, num_workers: int | None, timeout: float):
         num_workers = min(num_workers or os.cpu_count() or 1, num_envs)
@@ -181,152 +256,345 @@ class _ShardedBackend:
         bounds = np.linspace(0, num_envs, num_workers + 1).round().astype(int)
         self.slices = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
         self.owner = np.repeat(np.arange(num_workers), [b - a for a, b in self.slices])
-        self.last_deaths: dict[int, str] = {}
+        self.closed = False
 
     # worker management, per kind of worker
     def _submit(self, w: int, cmd: str, payload: list[tuple]) -> Any:
+        """Send ``w`` its share; returns a handle for :meth:`_gather`; raises WorkerDied."""
         raise NotImplementedError
 
-    def _collect(self, w: int, handle: Any) -> list[Any]:
-        """The worker's answer; raises WorkerDied, or RuntimeError carrying an env's traceback."""
+    def _gather(self, handles: dict[int, Any], deadline: float) -> dict[int, Any]:
+        """Each worker's answer (a list with one entry per request) or the WorkerDied that
+        ended it, waiting for all of them until ``deadline`` (``time.monotonic()``)."""
         raise NotImplementedError
 
-    def replace(self, w: int) -> None:
+    def _restart(self, w: int) -> None:
+        """Kill worker ``w`` if it still runs and start a fresh one (without waiting for it)."""
         raise NotImplementedError
 
-    def _roundtrip(
-        self, cmd: str, requests: Sequence[tuple]
-    ) -> tuple[dict[int, Any], dict[int, str]]:
-        """Send each worker its share, then gather. Returns (results by env, death reason by worker)."""
+    def _prepare(self, workers: Sequence[int]) -> None:
+        """Make sure ``workers`` are up (wait for restarted ones) before they are sent work."""
+
+    def _roundtrip(self, cmd: str, requests: Sequence[tuple]) -> tuple[dict[int, Any], dict]:
+        """Send each worker its share, then gather. Returns (results by env, reason by lost worker)."""
         by_worker: dict[int, list[tuple]] = {}
         for req in requests:
             w = int(self.owner[req[0]])
             by_worker.setdefault(w, []).append((req[0] - self.slices[w][0], *req[1:]))
-        dead: dict[int, str] = {}
+        self._prepare(list(by_worker))
+        lost: dict[int, str] = {}
         handles = {}
         for w, payload in by_worker.items():
             try:
                 handles[w] = self._submit(w, cmd, payload)
             except WorkerDied as exc:
-                dead[w] = str(exc)
+                lost[w] = str(exc)
+        answers = self._gather(handles, time.monotonic() + self.timeout)
         results: dict[int, Any] = {}
-        for w, handle in handles.items():
-            try:
-                out = self._collect(w, handle)
-            except WorkerDied as exc:
-                dead[w] = str(exc)
+        for w, out in answers.items():
+            if isinstance(out, WorkerDied):
+                lost[w] = str(out)
                 continue
+            start = self.slices[w][0]
+            if isinstance(out, _Failure):  # the worker could not run the request at all
+                out = [out] * len(by_worker[w])
             for local, res in zip(by_worker[w], out, strict=True):
-                results[local[0] + self.slices[w][0]] = res
-        return results, dead
+                results[local[0] + start] = res
+        for w in lost:
+            self._restart(w)
+        return results, lost
 
-    def reset(self, requests):
-        results, dead = self._roundtrip("reset", requests)
-        for w in dead:  # a reset must succeed: replace the worker and ask again, once
-            self.replace(w)
-        if dead:
-            retry = [r for r in requests if int(self.owner[r[0]]) in dead]
-            again, dead_again = self._roundtrip("reset", retry)
-            if dead_again:
-                raise RuntimeError(f"env workers keep dying on reset: {dead_again}")
+    def reset(self, requests: Sequence[tuple]) -> list[Any]:
+        results, lost = self._roundtrip("reset", requests)
+        if lost:  # a reset must succeed: ask the fresh workers once more
+            retry = [r for r in requests if int(self.owner[r[0]]) in lost]
+            again, lost_again = self._roundtrip("reset", retry)
+            if lost_again:
+                raise RuntimeError(
+                    f"env workers keep failing on reset: {'; '.join(lost_again.values())}"
+                )
             results.update(again)
         return [results[r[0]] for r in requests]
 
-    def step(self, requests):
-        results, dead = self._roundtrip("step", requests)
-        for w in dead:
-            self.replace(w)
-        self.last_deaths = dead
-        return [results.get(r[0]) for r in requests]  # None for envs whose worker died
+    def step(self, requests: Sequence[tuple]) -> list[Any]:
+        # Convert what cannot be pickled before anything is sent, so that no shard is stepped
+        # while another fails to leave (the in-process backend sees the same invalid action).
+        requests = [(i, _sendable(a)) for i, a in requests]
+        results, lost = self._roundtrip("step", requests)
+        for r in requests:
+            w = int(self.owner[r[0]])
+            if w in lost:
+                why = f"{lost[w]}; its envs restart at the next reset"
+                results[r[0]] = _Failure(why, raised=False)
+        return [results[r[0]] for r in requests]
+
+    def pids(self) -> list[int]:
+        return []
+
+
+#: Set in a worker while it imports the user's ``__main__`` script (only done when the envs
+#: need a class defined there); a GroupVectorEnv built at import time then refuses to start
+#: workers of its own, instead of spawning without end.
+_IMPORTING_MAIN_IN_WORKER = False
+
+# The child imports nothing of the parent's script: its sys.path comes from the parent, then
+# it runs _worker_main. SIGINT is ignored from the first instruction (a terminal's Ctrl-C is the
+# parent's to handle; workers also run in their own process group so it rarely reaches them).
+_WORKER_BOOT = (
+    "import signal, sys, json; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "sys.path[:] = json.loads(sys.argv[2]); "
+    "from agentgym.wrappers.group import _worker_main; _worker_main(int(sys.argv[1]))"
+)
+
+
+def _worker_main(fd: int) -> None:
+    """Worker process loop around an :class:`_EnvHost`.
+
+    Protocol over one socket: the parent sends ``(main_path, factory_bytes, num_envs)``; the
+    worker answers ``(0, "ready" | "error", detail)``, then answers each ``(seq, cmd, payload)``
+    with ``(seq, "ok" | "error", result)``. Echoing ``seq`` lets the parent drop the answers
+    of a call it abandoned (an interrupt, a timeout) instead of reading them as the next one's.
+    """
+    global _IMPORTING_MAIN_IN_WORKER
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn = mp_connection.Connection(fd)
+    try:
+        main_path, factory_bytes, num_envs = conn.recv()
+        if main_path:  # the envs' classes live in the user's script: import it as spawn does
+            from multiprocessing import spawn
+
+            _IMPORTING_MAIN_IN_WORKER = True
+            spawn.import_main_path(main_path)
+            _IMPORTING_MAIN_IN_WORKER = False
+        host = _EnvHost(pickle.loads(factory_bytes), num_envs)
+    except BaseException as exc:  # noqa: BLE001 - report construction errors, then exit
+        msg = exc.args[0] if isinstance(exc, _BootstrapError) else traceback.format_exc()
+        conn.send((0, "error", msg))
+        return
+    conn.send((0, "ready", None))
+    while True:
+        try:
+            seq, cmd, payload = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            break
+        if cmd == "close":
+            host.close()
+            conn.send((seq, "ok", None))
+            break
+        try:
+            out = host.run(cmd, payload)
+            conn.send((seq, "ok", out))  # pickled whole before writing: never half-sent
+        except Exception:  # noqa: BLE001 - e.g. an info dict that does not pickle
+            conn.send((seq, "error", traceback.format_exc()))
+
+
+class _BootstrapError(RuntimeError):
+    """A GroupVectorEnv was built while a worker imported the user's script."""
+
+
+def _kill_workers(procs: list[subprocess.Popen | None]) -> None:
+    """Last resort at exit or garbage collection: no worker outlives its GroupVectorEnv."""
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+    for proc in procs:
+        if proc is not None:
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=5)
 
 
 class _ProcessBackend(_ShardedBackend):
-    """Worker processes talking over pipes."""
+    """Worker processes, each a fresh interpreter talking over a socket pair.
+
+    Workers are started with ``subprocess`` rather than ``multiprocessing`` so that they never
+    re-run the user's script (a script without an ``if __name__ == "__main__":`` guard works),
+    they never receive the terminal's Ctrl-C (their own process group), and they are killed
+    when this backend is closed, garbage collected, or the interpreter exits.
+    """
 
     def __init__(self, factory: EnvFactory, num_envs: int, num_workers: int | None, timeout: float):
         super().__init__(factory, num_envs, num_workers, timeout)
-        # forkserver/spawn avoid forking a parent that may hold threads (torch, vLLM)
-        method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-        self.ctx = mp.get_context(method)
-        self.procs: list[Any] = [None] * len(self.slices)
+        self.factory_bytes = pickle.dumps(factory)
+        main = sys.modules.get("__main__")
+        main_path = getattr(main, "__file__", None)
+        # Only import the user's script in workers when the envs need something defined there.
+        self.main_path = main_path if main_path and b"__main__" in self.factory_bytes else None
+        self.procs: list[subprocess.Popen | None] = [None] * len(self.slices)
         self.conns: list[Any] = [None] * len(self.slices)
+        self.booting: set[int] = set()  # started, "ready" not read yet
+        self.broken: set[int] = set()  # a send or receive was cut short: the stream is unusable
+        self.seq = 0
+        self._finalizer = weakref.finalize(self, _kill_workers, self.procs)
         for w in range(len(self.slices)):
             self._start(w)
-        for w in range(len(self.slices)):
-            self._expect_ready(w)
+        try:
+            self._prepare(range(len(self.slices)), building=True)
+        except BaseException:
+            self.close()
+            raise
 
     def _start(self, w: int) -> None:
-        parent, child = self.ctx.Pipe()
+        parent, child = socket.socketpair()
         a, b = self.slices[w]
-        proc = self.ctx.Process(target=_worker_main, args=(child, self.factory, b - a), daemon=True)
-        proc.start()
-        child.close()
-        self.procs[w], self.conns[w] = proc, parent
+        try:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    _WORKER_BOOT,
+                    str(child.fileno()),
+                    json.dumps([str(p) for p in sys.path]),
+                ],
+                pass_fds=(child.fileno(),),
+                process_group=0,
+            )
+        finally:
+            child.close()
+        conn = mp_connection.Connection(parent.detach())
+        conn.send((self.main_path, self.factory_bytes, b - a))
+        self.procs[w], self.conns[w] = proc, conn
+        self.booting.add(w)
+        self.broken.discard(w)
 
-    def _expect_ready(self, w: int) -> None:
-        status, payload = self._recv(w, timeout=max(self.timeout, 600.0))
-        if status != "ready":
-            raise RuntimeError(f"env worker {w} failed to build its envs:\n{payload}")
+    def _prepare(self, workers: Sequence[int], building: bool = False) -> None:
+        for w in list(workers):
+            if w in self.broken:
+                self._restart(w)
+        waiting = {w: 0 for w in workers if w in self.booting}
+        if not waiting:
+            return
+        # building envs may load data (ALFWorld games, an index): allow more than a step
+        answers = self._wait(waiting, time.monotonic() + max(self.timeout, 600.0))
+        errors = []
+        for w, out in answers.items():
+            self.booting.discard(w)
+            if isinstance(out, WorkerDied):
+                errors.append(f"env worker {w} {out.args[0]} while building its envs")
+            elif out[1] != "ready":
+                errors.append(f"env worker {w} failed to build its envs:\n{out[2]}")
+        if errors:
+            if not building:
+                for w in answers:
+                    self._restart(w)
+            raise RuntimeError("\n".join(errors))
 
-    def _recv(self, w: int, timeout: float) -> tuple[str, Any]:
-        conn, proc = self.conns[w], self.procs[w]
-        # poll in short slices so a dead worker is noticed at once instead of after the timeout
-        waited = 0.0
-        while not conn.poll(0.05):
-            waited += 0.05
-            if not proc.is_alive():
-                if conn.poll(0):  # it answered just before exiting
-                    break
-                raise WorkerDied(self._death_reason(w))
-            if waited >= timeout:
-                proc.kill()
-                raise WorkerDied(
-                    f"env worker {w} (pid {proc.pid}) did not answer within {timeout:.0f} s"
+    def _submit(self, w: int, cmd: str, payload: list[tuple]) -> int:
+        self.seq += 1
+        try:
+            self.conns[w].send((self.seq, cmd, payload))
+        except (BrokenPipeError, ConnectionError, OSError) as exc:
+            raise WorkerDied(f"env worker {w} {self._death(w)}") from exc
+        except BaseException:  # interrupted mid-write: the worker may hold half a message
+            self.broken.add(w)
+            raise
+        return self.seq
+
+    def _gather(self, handles: dict[int, int], deadline: float) -> dict[int, Any]:
+        answers = self._wait(handles, deadline)
+        out: dict[int, Any] = {}
+        for w, ans in answers.items():
+            if isinstance(ans, WorkerDied):
+                ans.args = (f"env worker {w} {ans.args[0]}",)
+                out[w] = ans
+            elif ans[1] == "error":
+                out[w] = _Failure(
+                    f"env worker {w} could not run the request", raised=True, traceback=ans[2]
                 )
-        try:
-            return conn.recv()
-        except (EOFError, OSError) as exc:
-            raise WorkerDied(self._death_reason(w)) from exc
-
-    def _death_reason(self, w: int) -> str:
-        proc = self.procs[w]
-        proc.join(timeout=1.0)
-        code = proc.exitcode
-        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        return f"env worker {w} (pid {proc.pid}) died ({how}); it was replaced"
-
-    def _submit(self, w: int, cmd: str, payload: list[tuple]) -> None:
-        try:
-            self.conns[w].send((cmd, payload))
-        except (BrokenPipeError, OSError) as exc:
-            raise WorkerDied(self._death_reason(w)) from exc
-
-    def _collect(self, w: int, handle: None) -> list[Any]:
-        status, out = self._recv(w, self.timeout)
-        if status == "error":
-            raise RuntimeError(f"env worker {w} raised:\n{out}")
+            else:
+                out[w] = ans[2]
         return out
 
-    def replace(self, w: int) -> None:
-        """Start a fresh worker ``w`` (its envs are new: they need a reset)."""
-        old = self.procs[w]
-        if old.is_alive():
-            old.kill()
-        old.join(timeout=5)
+    def _wait(self, expected: dict[int, int], deadline: float) -> dict[int, Any]:
+        """Read each worker's reply tagged ``expected[w]``, dropping stale ones, until ``deadline``.
+
+        Returns per worker the reply ``(seq, status, payload)`` or a WorkerDied whose message
+        (without the "env worker w" prefix) says what happened; a worker that has not answered
+        by the deadline is killed.
+        """
+        pending = dict(expected)
+        answers: dict[int, Any] = {}
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            by_conn = {self.conns[w]: w for w in pending}
+            # wake at least every 0.5 s: a worker whose socket a grandchild still holds open
+            # shows its death only through poll()
+            for conn in mp_connection.wait(list(by_conn), timeout=min(remaining, 0.5)):
+                w = by_conn[conn]
+                try:
+                    reply = conn.recv()
+                except (EOFError, OSError):
+                    answers[w] = WorkerDied(self._death(w))
+                    del pending[w]
+                    continue
+                except Exception as exc:  # noqa: BLE001 - a garbled stream: the worker is unusable
+                    self._kill(w)
+                    answers[w] = WorkerDied(f"sent an unreadable reply ({exc!r}); it was stopped")
+                    del pending[w]
+                    continue
+                except BaseException:  # interrupted mid-read
+                    self.broken.add(w)
+                    raise
+                if reply[0] == pending[w]:
+                    answers[w] = reply
+                    del pending[w]
+            for w in [w for w in pending if self.procs[w].poll() is not None]:
+                if not self.conns[w].poll(0):  # nothing left to read: it is gone
+                    answers[w] = WorkerDied(self._death(w))
+                    del pending[w]
+        for w in pending:
+            self._kill(w)
+            answers[w] = WorkerDied(
+                f"(pid {self.procs[w].pid}) did not answer within {self.timeout:g} s; "
+                "it was stopped"
+            )
+        return answers
+
+    def _death(self, w: int) -> str:
+        proc = self.procs[w]
+        try:
+            code = proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            return f"(pid {proc.pid}) closed its connection"
+        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        return f"(pid {proc.pid}) died ({how})"
+
+    def _kill(self, w: int) -> None:
+        proc = self.procs[w]
+        if proc.poll() is None:
+            proc.kill()  # SIGKILL also ends a stopped (SIGSTOP) process
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+
+    def _restart(self, w: int) -> None:
+        self._kill(w)
         self.conns[w].close()
+        self.booting.discard(w)
         self._start(w)
-        self._expect_ready(w)
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        live = {}
         for w, conn in enumerate(self.conns):
-            try:
-                conn.send(("close", None))
-            except (BrokenPipeError, OSError):
-                pass
-            self.procs[w].join(timeout=2)
-            if self.procs[w].is_alive():
-                self.procs[w].kill()
-            conn.close()
+            if conn is None or self.procs[w].poll() is not None or w in self.broken:
+                continue
+            self.seq += 1
+            with contextlib.suppress(Exception):
+                conn.send((self.seq, "close", None))
+                live[w] = self.seq
+        with contextlib.suppress(Exception):
+            self._wait(live, time.monotonic() + 2.0)  # one grace period for all
+        for w, conn in enumerate(self.conns):
+            if conn is not None:
+                self._kill(w)
+                conn.close()
+        self._finalizer.detach()
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p is not None]
 
 
 class _RayBackend(_ShardedBackend):
@@ -345,10 +613,7 @@ class _RayBackend(_ShardedBackend):
         try:
             import ray
         except ImportError as exc:
-            raise ImportError(
-                "backend='ray' needs Ray: pip install 'agentgym-envs[ray]' "
-                "(in a clone: pip install -e '.[ray]')"
-            ) from exc
+            raise ImportError("backend='ray' needs Ray: pip install 'agentgym[ray]'") from exc
         super().__init__(factory, num_envs, num_workers, timeout)
         self.ray = ray
         if not ray.is_initialized():
@@ -360,6 +625,7 @@ class _RayBackend(_ShardedBackend):
             try:
                 ray.get(actor.run.remote("step", []), timeout=max(timeout, 600.0))
             except ray.exceptions.RayActorError as exc:
+                self.close()
                 raise RuntimeError(f"env worker {w} failed to build its envs:\n{exc}") from exc
 
     def _spawn(self, w: int):
@@ -369,27 +635,40 @@ class _RayBackend(_ShardedBackend):
     def _submit(self, w: int, cmd: str, payload: list[tuple]):
         return self.actors[w].run.remote(cmd, payload)
 
-    def _collect(self, w: int, handle) -> list[Any]:
+    def _gather(self, handles: dict[int, Any], deadline: float) -> dict[int, Any]:
         ray = self.ray
-        try:
-            return ray.get(handle, timeout=self.timeout)
-        except ray.exceptions.RayActorError as exc:
-            raise WorkerDied(
-                f"env worker {w} (Ray actor) died; it was replaced: {type(exc).__name__}"
-            ) from exc
-        except ray.exceptions.GetTimeoutError as exc:
-            ray.kill(self.actors[w])
-            raise WorkerDied(
-                f"env worker {w} (Ray actor) did not answer within {self.timeout:.0f} s"
-            ) from exc
-        except ray.exceptions.RayTaskError as exc:
-            raise RuntimeError(f"env worker {w} raised:\n{exc}") from exc
+        refs = list(handles.values())
+        ready, _ = ray.wait(
+            refs, num_returns=len(refs), timeout=max(deadline - time.monotonic(), 0.0)
+        )
+        ready_set = set(ready)
+        out: dict[int, Any] = {}
+        for w, ref in handles.items():
+            if ref not in ready_set:
+                ray.kill(self.actors[w], no_restart=True)
+                out[w] = WorkerDied(
+                    f"env worker {w} (Ray actor) did not answer within {self.timeout:g} s; "
+                    "it was stopped"
+                )
+                continue
+            try:
+                out[w] = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                out[w] = WorkerDied(f"env worker {w} (Ray actor) died: {type(exc).__name__}")
+            except ray.exceptions.RayError as exc:
+                out[w] = _Failure(
+                    f"env worker {w} could not run the request", raised=True, traceback=str(exc)
+                )
+        return out
 
-    def replace(self, w: int) -> None:
+    def _restart(self, w: int) -> None:
         self.ray.kill(self.actors[w], no_restart=True)
         self.actors[w] = self._spawn(w)
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         for actor in self.actors:
             self.ray.kill(actor, no_restart=True)
 
@@ -443,6 +722,13 @@ class GroupVectorEnv(gym.vector.VectorEnv):
         self.group_size = group_size
         self.num_envs = num_groups * group_size
         self.factory = EnvFactory(env_id, dict(env_kwargs or {}), tuple(wrappers))
+        if backend == "process" and _IMPORTING_MAIN_IN_WORKER:
+            raise _BootstrapError(
+                "an env worker imported this script (its envs use a class defined in it) and the "
+                "script built a GroupVectorEnv at import time: put the script's code under "
+                '`if __name__ == "__main__":`, or define the env and wrapper classes in a module'
+            )
+        self.closed = False  # before the backend starts: __del__ must see it if that fails
         if backend == "inprocess":
             self._backend: Any = _InProcessBackend(self.factory, self.num_envs)
         elif backend == "process":
@@ -476,7 +762,8 @@ class GroupVectorEnv(gym.vector.VectorEnv):
         self._obs: list[str] = [""] * self.num_envs
         self._infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
         self._trajs: list[Trajectory] = []
-        self.closed = False
+        #: why step() needs a reset first (None once a reset succeeded)
+        self._reset_needed: str | None = "call reset() before step()"
 
     # ------------------------------------------------------------------------------------------
     def group_seeds(self, seed: int | None) -> list[int]:
@@ -502,13 +789,24 @@ class GroupVectorEnv(gym.vector.VectorEnv):
             raise ValueError(
                 f"group_options has {len(group_options)} entries, expected {self.num_groups}"
             )
+        self._check_open()
         seeds = self.group_seeds(seed)
         requests = []
         for i in range(self.num_envs):
             g = int(self.group_ids[i])
             opts = {**options, **(group_options[g] if group_options else {})}
             requests.append((i, seeds[g], opts or None))
-        results = self._backend.reset(requests)
+        # Until every env has reset, the records describe no episode: a reset that raises or is
+        # interrupted leaves step() asking for another reset, not stepping half-old envs.
+        self._reset_needed = "the last reset() did not complete; call reset() again"
+        self.active[:] = False
+        try:
+            results = self._backend.reset(requests)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt("GroupVectorEnv.reset() interrupted") from None
+        failed = [i for i, res in enumerate(results) if isinstance(res, _Failure)]
+        if failed:
+            raise self._env_error(failed, [results[i] for i in failed], "reset")
 
         self.traj_ids = np.arange(self._next_traj_id, self._next_traj_id + self.num_envs)
         self._next_traj_id += self.num_envs
@@ -524,24 +822,49 @@ class GroupVectorEnv(gym.vector.VectorEnv):
                     int(self.group_ids[i]), int(self.traj_ids[i]), str(info.get("task_id", ""))
                 )
             )
+        self._reset_needed = None
         return list(self._obs), list(self._infos)
 
     def step(
         self, actions: Sequence[Any]
     ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]:
+        """Step every active env; see the class docstring for shapes.
+
+        An env that raises ends its episode truncated (``truncation_reason`` names the error)
+        while every other env takes its step as usual, then :class:`EnvError` names the env
+        and the cause; the next ``step`` carries on with the others. An env whose worker died or
+        hung ends truncated the same way, without an error. If the call is interrupted
+        (KeyboardInterrupt), nothing tells which envs stepped, so the next call must be
+        ``reset()``.
+        """
+        self._check_open()
         if len(actions) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
-        if not self._trajs:
-            raise gym.error.ResetNeeded("call reset() before step()")
+        if self._reset_needed is not None:
+            raise gym.error.ResetNeeded(self._reset_needed)
         rewards = np.zeros(self.num_envs, dtype=np.float32)
         live = np.flatnonzero(self.active)
-        results = self._backend.step([(int(i), actions[i]) for i in live])
-        deaths = getattr(self._backend, "last_deaths", {})
+        try:
+            results = self._backend.step([(int(i), actions[i]) for i in live])
+        except BaseException as exc:
+            self._reset_needed = (
+                f"the last step() was interrupted ({type(exc).__name__}), so the episode "
+                "records no longer match the envs; call reset()"
+            )
+            if isinstance(exc, KeyboardInterrupt):
+                # Ctrl-C: one short traceback ending here, not the backend's internals
+                raise KeyboardInterrupt("GroupVectorEnv.step() interrupted") from None
+            raise
+        raised = []
         for i, res in zip(live, results, strict=True):
             traj = self._trajs[i]
             anchor_obs, anchor_key = self._obs[i], self._infos[i].get("state_key")
-            if res is None:  # its worker died: end the episode, keep what was recorded
-                reason = deaths.get(int(self._backend.owner[i]), "env worker died")
+            if isinstance(res, _Failure):  # end the episode, keep what was recorded
+                if res.raised:
+                    raised.append(int(i))
+                    reason = f"the env raised {res.reason}"
+                else:
+                    reason = res.reason
                 info = dict(self._infos[i], truncation_reason=reason, action_valid=False)
                 self._infos[i] = info
                 self._truncated[i] = True
@@ -569,6 +892,9 @@ class GroupVectorEnv(gym.vector.VectorEnv):
                 traj.won = bool(info.get("won", False))
                 if truncated:
                     traj.truncation_reason = info.get("truncation_reason", "step limit")
+        if raised:
+            by_env = dict(zip(live.tolist(), results, strict=True))
+            raise self._env_error(raised, [by_env[i] for i in raised], "step")
         return (
             list(self._obs),
             rewards,
@@ -588,6 +914,7 @@ class GroupVectorEnv(gym.vector.VectorEnv):
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call a method (or read an attribute) of every env; in-process backend only."""
+        self._check_open()
         if self.backend != "inprocess":
             raise NotImplementedError("call() needs backend='inprocess'")
         out = []
@@ -597,7 +924,37 @@ class GroupVectorEnv(gym.vector.VectorEnv):
         return tuple(out)
 
     def close_extras(self, **kwargs: Any) -> None:
-        self._backend.close()
+        backend = getattr(self, "_backend", None)  # absent when the constructor failed
+        if backend is not None:
+            backend.close()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise gym.error.ClosedEnvironmentError(
+                f"{self!r} is closed; build a new GroupVectorEnv to run more episodes "
+                "(trajectories() still returns the last episodes)"
+            )
+
+    def _env_error(self, failed: list[int], failures: list[_Failure], call: str) -> EnvError:
+        """One error for the envs that raised in ``call``: the first named, the rest counted."""
+        first, res = failed[0], failures[0]
+        group = int(self.group_ids[first])
+        more = f" (and {len(failed) - 1} more: envs {failed[1:]})" if len(failed) > 1 else ""
+        after = (
+            "its episode ended truncated; the other envs took their step"
+            if call == "step"
+            else "call reset() again with options every env accepts"
+        )
+        where = "" if res.exc is not None else f"\nThe env's traceback:\n{res.traceback}"
+        err = EnvError(
+            f"env {first} (group {group}) raised {res.reason} during {call}(){more}; {after}"
+            + where,
+            env_index=first,
+            group=group,
+            failed=failed,
+        )
+        err.__cause__ = res.exc
+        return err
 
     def __repr__(self) -> str:
         return (

@@ -110,7 +110,7 @@ def test_killed_worker_is_replaced_and_its_episodes_end_truncated():
         obs, infos = vec.reset(seed=3)
         victim = vec._backend.procs[0]
         os.kill(victim.pid, signal.SIGKILL)
-        victim.join(timeout=5)
+        victim.wait(timeout=5)
         start = time.monotonic()
         obs, rewards, terminated, truncated, infos = vec.step(["red"] * vec.num_envs)
         assert time.monotonic() - start < 30, "a dead worker must not hang the step"
@@ -120,7 +120,7 @@ def test_killed_worker_is_replaced_and_its_episodes_end_truncated():
             assert "killed by signal 9" in infos[i]["truncation_reason"]
             assert vec.trajectories()[i].truncation_reason == infos[i]["truncation_reason"]
         assert vec.step_index[~dead].tolist() == [1] * 4, "the live worker's envs took their step"
-        assert vec._backend.procs[0].pid != victim.pid and vec._backend.procs[0].is_alive()
+        assert vec._backend.procs[0].pid != victim.pid and vec._backend.procs[0].poll() is None
         # the replacement serves a full new episode
         obs, infos = vec.reset(seed=4)
         assert vec.active.all() and all(
