@@ -51,3 +51,28 @@ def alfworld_real_root(tmp_path_factory) -> Path:
                 if kept == 3:
                     break
     return root
+
+
+@pytest.fixture(scope="session")
+def searchqa_files(tmp_path_factory) -> Path:
+    """Search-R1-format files (corpus.jsonl, <split>.parquet) and a BM25 index folder of them.
+
+    No real Search-R1 data ships in ../shared/data, so the real-data path of
+    ``AgentGym/SearchQA-v0`` runs on the synthetic benchmark written in Search-R1's formats.
+    """
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("bm25s")
+    from agentgym.envs.searchqa.synthetic import write_search_r1_files
+    from agentgym.retrieval.build import build_index
+
+    root = tmp_path_factory.mktemp("searchqa")
+    write_search_r1_files(root)
+    build_index(root / "corpus.jsonl", root / "bm25", kind="bm25", show_progress=False)
+    return root
+
+
+@pytest.fixture
+def searchqa_real_data(searchqa_files, monkeypatch) -> Path:
+    """``$SEARCHQA_DATA`` for ``AgentGym/SearchQA-v0``; sets ``$SEARCHQA_RETRIEVER`` for the test."""
+    monkeypatch.setenv("SEARCHQA_RETRIEVER", str(searchqa_files / "bm25"))
+    return searchqa_files / "test.parquet"

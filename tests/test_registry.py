@@ -34,7 +34,10 @@ GARBAGE_ACTIONS = [
 
 
 #: family -> (fixture giving a real data root, the env variable the family reads it from)
-REAL_DATA = {"alfworld": ("alfworld_real_root", "ALFWORLD_DATA")}
+REAL_DATA = {
+    "alfworld": ("alfworld_real_root", "ALFWORLD_DATA"),
+    "searchqa": ("searchqa_real_data", "SEARCHQA_DATA"),
+}
 
 
 @pytest.fixture
