@@ -54,6 +54,22 @@ def alfworld_real_root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def webshop_real_data(tmp_path_factory) -> Path:
+    """``$WEBSHOP_DATA``: WebShop's 1000-product catalogue and its attribute file, unpacked."""
+    import lzma
+
+    archives = sorted((SHARED_DATA / "webshop").glob("*.json.xz"))
+    if not any(a.name.startswith("items_shuffle_1000") for a in archives):
+        pytest.skip(
+            f"WebShop catalogue {SHARED_DATA / 'webshop'}/items_shuffle_1000.json.xz absent"
+        )
+    root = tmp_path_factory.mktemp("webshop")
+    for archive in archives:
+        (root / archive.name[: -len(".xz")]).write_bytes(lzma.decompress(archive.read_bytes()))
+    return root
+
+
+@pytest.fixture(scope="session")
 def searchqa_files(tmp_path_factory) -> Path:
     """Search-R1-format files (corpus.jsonl, <split>.parquet) and a BM25 index folder of them.
 

@@ -37,6 +37,7 @@ GARBAGE_ACTIONS = [
 REAL_DATA = {
     "alfworld": ("alfworld_real_root", "ALFWORLD_DATA"),
     "searchqa": ("searchqa_real_data", "SEARCHQA_DATA"),
+    "webshop": ("webshop_real_data", "WEBSHOP_DATA"),
 }
 
 

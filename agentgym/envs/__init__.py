@@ -143,6 +143,24 @@ ENTRIES: list[EnvEntry] = [
         needs=("bm25s", "Stemmer"),
         extra="retrieval",
     ),
+    # --- webshop: WebShop's own catalogue files, and a generated shop in their format ---
+    EnvEntry(
+        "AgentGym/WebShop-v0",
+        "agentgym.envs.webshop:WebShopEnv",
+        "webshop",
+        data_status="agentgym.envs.webshop:data_status",
+        needs=("bm25s", "Stemmer", "rapidfuzz"),
+        real_data=True,
+        extra="webshop",
+    ),
+    EnvEntry(
+        "AgentGym/WebShop-Synthetic-v0",
+        "agentgym.envs.webshop:WebShopEnv",
+        "webshop",
+        kwargs={"synthetic": True},
+        needs=("bm25s", "Stemmer", "rapidfuzz"),
+        extra="webshop",
+    ),
     # --- corridor: a tiny env where step-level credit matters (trainer tests, GiGPO vs GRPO) ---
     EnvEntry("AgentGym/Corridor-v0", "agentgym.envs.corridor:CorridorEnv", "corridor"),
 ]
