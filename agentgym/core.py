@@ -172,6 +172,10 @@ class TextEnv(gym.Env[str, str]):
     #: :class:`ResetOptionError` (a typo such as ``{"spilt": "test"}`` must not pass silently)
     reset_option_keys: ClassVar[frozenset[str]] = frozenset({"task", "split"})
 
+    #: values an invalid step reports for info keys that describe the action, not the state
+    #: (only where the family reports the key): an invalid action has no effect
+    invalid_step_info: ClassVar[dict[str, Any]] = {"action_effective": False}
+
     @property
     def invalid_action_reward(self) -> float:
         """Reward of a step whose action was unusable (non-text, unparseable, inadmissible).
@@ -285,8 +289,17 @@ class TextEnv(gym.Env[str, str]):
         return self._elapsed_steps
 
     def _invalid_info(self) -> dict[str, Any]:
-        """Info for an action that changed nothing: the last info with ``action_valid=False``."""
-        info = {k: v for k, v in self._last_info.items() if k in INFO_KEYS or k == "synthetic"}
+        """Info for an action that changed nothing: the last info with ``action_valid=False``.
+
+        Every key the family reports is kept (``goal``, ``task_type``, ``boxes_on_target``...):
+        the state did not change, and trainers read such keys from a trajectory's last step.
+        Keys that describe the action rather than the state are set for a no-op
+        (:attr:`invalid_step_info`).
+        """
+        info = dict(self._last_info)
+        for key, value in self.invalid_step_info.items():
+            if key in info:
+                info[key] = value
         info["action_valid"] = False
         return info
 

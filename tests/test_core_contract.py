@@ -1,0 +1,92 @@
+"""The core contract on invalid steps, over every registered id: an invalid step keeps every
+info key the family reports (``goal``, ``task_type``, ``boxes_on_target``...), whichever path
+made it invalid: a non-text action, an :class:`InvalidAction`, or model text the LLM wrapper
+could not parse. Trainers read those keys from the last step of a trajectory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import pytest
+
+import agentgym
+from agentgym.core import INFO_KEYS, InvalidAction
+from agentgym.wrappers.llm import make_llm_env
+
+#: family -> (fixture giving a real data root, the env variable the family reads it from)
+REAL_DATA = {"alfworld": ("alfworld_real_root", "ALFWORLD_DATA")}
+#: keys the LLM wrappers add on top of the env's own
+WRAPPER_KEYS = {"parsed_action", "think", "parse_error", "raw_observation"}
+
+
+@pytest.fixture
+def make(request, monkeypatch):
+    """``make(env_id)``: gym.make, with real data unpacked from ../shared/data where needed."""
+
+    def _make(env_id: str) -> gym.Env:
+        e = agentgym.entry(env_id)
+        if e.real_data and e.family in REAL_DATA:
+            fixture, variable = REAL_DATA[e.family]
+            monkeypatch.setenv(variable, str(request.getfixturevalue(fixture)))
+        try:
+            return gym.make(env_id)
+        except FileNotFoundError as exc:
+            if e.real_data:
+                pytest.skip(f"{env_id}: real data not found ({exc})")
+            raise
+
+    return _make
+
+
+def valid_step(env: gym.Env, info: dict[str, Any]) -> dict[str, Any]:
+    """The info of one valid step (the first admissible action), or the reset info where the
+    family cannot list its actions."""
+    admissible = info.get("admissible_actions")
+    if not admissible:
+        return info
+    step_info = env.step(admissible[0])[4]
+    assert step_info["action_valid"], f"admissible action {admissible[0]!r} was invalid"
+    return step_info
+
+
+@pytest.mark.parametrize("env_id", agentgym.env_ids(available_only=True))
+@pytest.mark.parametrize(
+    "invalid", [None, 42, InvalidAction("nothing to do")], ids=["none", "int", "invalid_action"]
+)
+def test_invalid_core_steps_keep_the_family_info_keys(make, env_id, invalid):
+    env = make(env_id)
+    _, info = env.reset(seed=0)
+    valid = valid_step(env, info)
+    _, info = env.reset(seed=0)
+    *_, bad = env.step(invalid)
+    assert bad["action_valid"] is False
+    assert set(valid) <= set(bad), f"invalid step lost {sorted(set(valid) - set(bad))}"
+    assert set(INFO_KEYS) <= set(bad)
+    for key in set(info) - {"action_valid"}:  # the state did not change: same family facts
+        if key in bad and key != "action_effective":
+            assert bad[key] == info[key], key
+    assert bad.get("action_effective", False) is False  # nothing happened
+
+
+@pytest.mark.parametrize("env_id", agentgym.env_ids(available_only=True))
+def test_unparseable_model_text_keeps_the_family_info_keys(make, env_id):
+    env = make_llm_env(make(env_id))
+    _, info = env.reset(seed=0)
+    admissible = info.get("admissible_actions")
+    if admissible:
+        text = (
+            f"<think>x</think><action>{admissible[0]}</action>"
+            if env.fmt == "think_action"
+            else admissible[0]
+        )
+        valid = env.step(text)[4]
+        assert valid["action_valid"], valid.get("parse_error")
+    else:
+        valid = info
+    env.reset(seed=0)
+    *_, bad = env.step("no tags at all")
+    assert bad["action_valid"] is False and "parse_error" in bad
+    lost = (set(valid) - WRAPPER_KEYS) - set(bad)
+    assert not lost, f"unparseable text lost {sorted(lost)}"
