@@ -453,6 +453,8 @@ class BM25Index:
     backend: str
     k1: float
     b: float
+    path: Path | None
+    """the directory the index was opened from (pyserini: always; bm25s: when loaded)"""
 
     def __init__(self, *, backend: str, k1: float, b: float, n_docs: int) -> None:
         self.backend = backend
@@ -462,7 +464,7 @@ class BM25Index:
         self._bm25: Any = None  # bm25s.BM25 holding the per-term score matrix
         self._vocab: _Vocabulary | None = None
         self._lucene: Any = None  # pyserini backend state
-        self._path: Path | None = None
+        self.path: Path | None = None
 
     def __len__(self) -> int:
         return self._n_docs
@@ -588,11 +590,11 @@ class BM25Index:
             if self.backend == "bm25s":
                 self._bm25.save(tmp, show_progress=False)
             else:
-                if self._path is None or self._path.resolve() == path.resolve():
+                if self.path is None or self.path.resolve() == path.resolve():
                     shutil.rmtree(tmp)
                     return
                 shutil.rmtree(tmp)
-                shutil.copytree(self._path, tmp)
+                shutil.copytree(self.path, tmp)
             meta = {
                 "format": FORMAT_VERSION,
                 "backend": self.backend,
@@ -632,7 +634,7 @@ class BM25Index:
         bm25.scores["num_docs"] = meta["n_docs"]
         vocab = _Vocabulary()
         vocab.term_ids = dict(bm25.vocab_dict)
-        index._bm25, index._vocab = bm25, vocab
+        index._bm25, index._vocab, index.path = bm25, vocab, path
         return index
 
     # -- search -----------------------------------------------------------------------------
@@ -786,13 +788,108 @@ class BM25Retriever:
 # ---------------------------------------------------------------------------------------------
 
 
-def _lucene_build(cls, texts, *, k1, b, path, show_progress):
-    raise NotImplementedError("the pyserini backend is not available yet; use backend='bm25s'")
+# Rows are stored as zero-padded ids: Anserini breaks score ties by the id string, which then
+# orders ties by row exactly as the bm25s backend does.
+_ID_WIDTH = 12
+# Java's String.trim() strips code points <= U+0020; such documents are not indexed by Anserini.
+_JAVA_BLANK = "".join(map(chr, range(33)))
+LUCENE_SUBDIR = "lucene"
 
 
-def _lucene_open(index, path):
-    raise NotImplementedError("the pyserini backend is not available yet; use backend='bm25s'")
+def _anserini(name: str) -> Any:
+    """An Anserini/Java class through pyjnius, once a Java 21+ JVM runs (see agentgym.retrieval.java)."""
+    from agentgym.retrieval.java import ensure_java
+
+    ensure_java()
+    from jnius import autoclass
+
+    return autoclass(name)
 
 
-def _lucene_search(index, queries, k):
-    raise NotImplementedError("the pyserini backend is not available yet; use backend='bm25s'")
+def _java_safe(text: str) -> str:
+    """``text`` without lone surrogates, which cannot cross into Java."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _lucene_build(
+    cls: type[BM25Index],
+    texts: Iterable[str],
+    *,
+    k1: float,
+    b: float,
+    path: Path,
+    show_progress: bool,
+) -> BM25Index:
+    """Index ``texts`` with Anserini's ``SimpleIndexer`` (pyserini's on-the-fly indexer).
+
+    Same settings as ``python -m pyserini.index.lucene --collection JsonCollection`` with its
+    defaults: ``DefaultEnglishAnalyzer`` (Porter, stop words removed) and the default document
+    generator, one document ``{"id", "contents"}`` per text. One indexing thread keeps Lucene's
+    internal doc ids in row order.
+    """
+    indexer_cls = _anserini("io.anserini.index.SimpleIndexer")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        writer = indexer_cls(str(tmp / LUCENE_SUBDIR), False, 1)
+        n_docs = 0
+        total = len(texts) if hasattr(texts, "__len__") else None
+        bar = tqdm(texts, total=total, desc="Lucene index", unit="doc", disable=not show_progress)
+        try:
+            for text in bar:
+                if not isinstance(text, str):
+                    raise TypeError(f"BM25Index.build takes strings; row {n_docs} is {type(text)}")
+                if text.strip(_JAVA_BLANK):  # Anserini refuses (and logs) empty documents
+                    doc = {"id": f"{n_docs:0{_ID_WIDTH}d}", "contents": _java_safe(text)}
+                    writer.addRawDocument(json.dumps(doc))
+                n_docs += 1
+        finally:
+            writer.close()
+        meta = {"format": FORMAT_VERSION, "backend": "pyserini", "k1": k1, "b": b, "n_docs": n_docs}
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+        _replace_dir(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    index = cls(backend="pyserini", k1=k1, b=b, n_docs=n_docs)
+    _lucene_open(index, path)
+    return index
+
+
+def _lucene_open(index: BM25Index, path: Path) -> None:
+    """Open the Lucene index under ``path`` with Anserini's ``SimpleSearcher`` (what pyserini's
+    ``LuceneSearcher`` wraps; used directly because importing ``pyserini.search`` pulls in
+    pyserini's encoders and their optional dependencies)."""
+    searcher = _anserini("io.anserini.search.SimpleSearcher")(str(path / LUCENE_SUBDIR))
+    searcher.set_bm25(float(index.k1), float(index.b))
+    index._lucene, index.path = searcher, path
+
+
+def _lucene_search(
+    index: BM25Index, queries: Sequence[str], k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Search with ``SimpleSearcher``: bag-of-words query, BM25, ties by id, scores rounded to 1e-4."""
+    rows, scores = _empty_results(len(queries), k)
+    if not len(queries):
+        return rows, scores
+    texts = [_java_safe(q if isinstance(q, str) else str(q)) for q in queries]
+    if len(texts) == 1:
+        results = [index._lucene.search(texts[0], k)]
+    else:
+        array_list = _anserini("java.util.ArrayList")
+        jqueries, jqids = array_list(), array_list()
+        for i, q in enumerate(texts):
+            jqueries.add(q)
+            jqids.add(str(i))
+        # the searcher runs the batch on its own thread pool
+        by_qid = index._lucene.batch_search(jqueries, jqids, k, os.cpu_count() or 1)
+        results = [by_qid.get(str(i)) for i in range(len(texts))]
+    for i, hits in enumerate(results):
+        for j, hit in enumerate(hits or ()):
+            rows[i, j] = int(hit.docid)
+            scores[i, j] = hit.score
+    return rows, scores

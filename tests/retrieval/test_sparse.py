@@ -268,3 +268,155 @@ def test_analyzer_basics():
     ]
     assert lucene_tokenize("e-mail a_b x") == ["e", "mail", "a_b", "x"]  # 1-letter terms stay
     assert lucene_tokenize("") == [] and lucene_tokenize("the of and") == []
+
+
+# ---------------------------------------------------------------------------------------------
+# pyserini: a real JVM, a real Lucene index
+# ---------------------------------------------------------------------------------------------
+
+_SYLLABLES = "ka lo mi nu re sa to vi ber con dis tor man ple gra fin sho tra quel".split()
+_SUFFIXES = ["", "", "", "s", "ing", "ed", "ly", "ation", "ness", "ity", "er", "'s", "ies", "ology"]
+_STOP = ["the", "of", "and", "a", "to", "in", "is", "with", "for", "on"]
+
+
+def generated_passages(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
+    """``n`` passages of varied length over a Zipf-distributed, morphologically varied vocabulary,
+    and 300 queries (words of a passage, a stray word, repeats, punctuation, stop words)."""
+    rng = np.random.default_rng(seed)
+    stems = sorted({"".join(rng.choice(_SYLLABLES, size=rng.integers(1, 4))) for _ in range(2500)})
+    words = [stem + _SUFFIXES[int(rng.integers(len(_SUFFIXES)))] for stem in stems]
+    words += [str(int(x)) for x in rng.integers(0, 3000, size=100)] + ["3.14", "U.S.A.", "e-mail"]
+    zipf = 1.0 / np.arange(1, len(words) + 1) ** 1.1
+    zipf /= zipf.sum()
+    passages = []
+    for length in np.clip(rng.lognormal(3.3, 0.7, size=n).astype(int), 3, 300):
+        toks = list(rng.choice(words, size=length, p=zipf))
+        for i in rng.choice(length, size=length // 4):
+            toks[i] = _STOP[int(rng.integers(len(_STOP)))]
+        if rng.random() < 0.5:
+            toks[0] = toks[0].capitalize()
+        passages.append(" ".join(toks) + rng.choice([".", "!", "?", ""]))
+    queries = []
+    for _ in range(300):
+        doc = passages[int(rng.integers(n))].split()
+        picked = list(rng.choice(doc, size=min(len(doc), int(rng.integers(1, 7))), replace=False))
+        picked.append(str(rng.choice(words)))
+        if rng.random() < 0.2:
+            picked.append(picked[0])  # a repeated term
+        queries.append(" ".join(picked) + str(rng.choice(["", "?", " !!", " (x)"])))
+    return passages, queries
+
+
+@pytest.fixture(scope="module")
+def jvm():
+    from agentgym.retrieval.java import JavaUnavailableError, ensure_java
+
+    pytest.importorskip("pyserini", reason="pyserini is not installed")
+    try:
+        return ensure_java()
+    except JavaUnavailableError as err:
+        pytest.skip(f"no Java 21+ JVM can start here: {err}")
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory, jvm):
+    passages, queries = generated_passages(3000)
+    path = tmp_path_factory.mktemp("lucene") / "bm25"
+    lucene = BM25Index.build(passages, backend="pyserini", path=path)
+    yield passages, queries, lucene, BM25Index.build(passages)
+    lucene.close()
+
+
+def assert_same_topk(rows_a, scores_a, rows_b, scores_b, tol: float) -> None:
+    """The same top-k up to ties: position by position the scores agree within ``tol``, and a
+    row may be missing from the other list only if it ties that list's cut-off score."""
+    for ra, sa, rb, sb in zip(rows_a, scores_a, rows_b, scores_b, strict=True):
+        na, nb = int((ra >= 0).sum()), int((rb >= 0).sum())
+        assert na == nb
+        np.testing.assert_allclose(sa[:na], sb[:nb], atol=tol)
+        if na == 0:
+            continue
+        for rows, scores, other_rows, other_cutoff in (
+            (ra[:na], sa[:na], set(rb[:nb].tolist()), sb[nb - 1]),
+            (rb[:nb], sb[:nb], set(ra[:na].tolist()), sa[na - 1]),
+        ):
+            for row, score in zip(rows.tolist(), scores.tolist(), strict=True):
+                assert row in other_rows or abs(score - other_cutoff) <= tol
+
+
+def test_pyserini_and_bm25s_agree_on_top10(generated):
+    passages, queries, lucene, bm25s_index = generated
+    rows_l, scores_l = lucene.search(queries, 10)
+    rows_b, scores_b = bm25s_index.search(queries, 10)
+    # Anserini rounds scores to 1e-4 (and shaves 1e-6 per tie): compare at that tolerance
+    assert_same_topk(rows_l, scores_l, rows_b, scores_b, tol=2e-4)
+    assert (rows_l >= 0).sum() > 2000  # the queries do match
+    exact_rows = (rows_l == rows_b).mean()
+    assert exact_rows > 0.99  # ties are rare and both break them by row
+
+
+def test_lucene_float_scores_equal_bm25s(generated):
+    """Beneath Anserini's rounding, Lucene's own float scores equal bm25s's to float32 precision:
+    the one-byte length norms are reproduced, not approximated."""
+    from jnius import autoclass, cast
+
+    passages, queries, lucene, bm25s_index = generated
+    directory = autoclass("org.apache.lucene.store.FSDirectory").open(
+        autoclass("java.io.File")(str(lucene.path / "lucene")).toPath()
+    )
+    reader = autoclass("org.apache.lucene.index.DirectoryReader").open(directory)
+    searcher = autoclass("org.apache.lucene.search.IndexSearcher")(
+        cast("org.apache.lucene.index.IndexReader", reader)
+    )
+    searcher.setSimilarity(
+        autoclass("org.apache.lucene.search.similarities.BM25Similarity")(0.9, 0.4)
+    )
+    analyzer = autoclass("io.anserini.analysis.DefaultEnglishAnalyzer").newDefaultInstance()
+    generator = autoclass("io.anserini.search.query.BagOfWordsQueryGenerator")()
+    stored = reader.storedFields()
+    rows_b, scores_b = bm25s_index.search(queries[:100], 10)
+    worst = 0.0
+    for i, query in enumerate(queries[:100]):
+        top = searcher.search(generator.buildQuery("contents", analyzer, query), 10).scoreDocs
+        exact = {int(stored.document(d.doc).get("id")): d.score for d in top}
+        for row, score in zip(rows_b[i], scores_b[i], strict=True):
+            if row in exact:
+                worst = max(worst, abs(exact[row] - float(score)) / exact[row])
+        assert len(exact) == int((rows_b[i] >= 0).sum())
+    reader.close()
+    assert worst < 1e-6
+
+
+def test_analyzer_matches_pyserini(jvm):
+    from pyserini.analysis import Analyzer, get_lucene_analyzer
+
+    analyzer = Analyzer(get_lucene_analyzer())
+    tricky = [
+        "Shakespeare's plays; the Joneses' house; JAMES'S car; it’s fine",
+        "e-mail, state-of-the-art, x-ray, 9-11, -leading, trailing-",
+        "3.14 1,000,000 v1.2.3 192.168.0.1 2nd 12th 50% $3.50 ½",
+        "https://en.wikipedia.org/wiki/Lucene?q=1&x=2#frag and ftp://host/a_b",
+        "john.doe@example.com <mailto:someone@host.org>",
+        "café naïve résumé Zürich São Paulo ÉCOLE cafe\u0301",
+        "don't can't O'Neil rock'n'roll 'quoted' ‘curly’ l'amour",
+        "technology assembly incredibly analogies generalizations running happily",
+        "U.S.A. a.b.c foo:bar foo_bar __init__ x_ _x",
+        "Ωμέγα ΣΟΦΙΑΣ İstanbul straße ǅemal ﬁne",
+        "東京タワー ひらがな 한국어 ภาษาไทย עברית",
+        "I ❤️ NY ✔ ★★★ 👍🏽 🇺🇸 👨‍👩‍👧 1️⃣ ®™",
+        "tab\tnew\nline\u00a0nbsp\u200bzero\u00adsoft",
+        "x" * 300,
+    ]
+    for text in tricky:
+        assert lucene_tokenize(text) == list(analyzer.analyze(text)), text
+
+
+def test_pyserini_save_load_and_odd_queries(generated, tmp_path):
+    passages, queries, lucene, _ = generated
+    lucene.save(tmp_path / "copy")
+    loaded = BM25Index.load(tmp_path / "copy")
+    assert loaded.backend == "pyserini" and len(loaded) == len(passages)
+    rows, scores = loaded.search(["", "the of and", "x" * 10_000, "🦊 \ud800", queries[0]], 5)
+    assert (rows[:4] == -1).all() and np.isneginf(scores[:4]).all()
+    np.testing.assert_array_equal(rows[4], lucene.search([queries[0]], 5)[0][0])
+    loaded.close()
