@@ -291,19 +291,20 @@ def _hit_ids(env, query):
 def test_same_passages_by_different_query_words_give_the_same_state(env):
     obs, _ = env.reset(options={"task": 0})
     name = parse_question(obs)[0]
-    first, last = name.split()[0], name.split()[-1]
-    variants = [name, f"{last} {first}", f"{name.upper()}!", f"who is {name}", f"{name} born"]
-    variants += [f"{name} {w}" for w in ("married", "novelist", "biography", "person")]
+    variants = [name, f"who is {name}", f"{name} born", f"{name} biography", f"{name} person"]
+    variants += [f"{name} married", f"{name} novelist", f"tell me about {name}"]
     groups: dict[frozenset, list[str]] = {}
     for v in variants:
         groups.setdefault(_hit_ids(env, v), []).append(v)
+    # two queries with different words that retrieve the same passages
     a, b = next(vs for vs in groups.values() if len(vs) >= 2)[:2]
-    assert a.split() != b.split()
+    assert set(a.lower().split()) != set(b.lower().split())
     env.reset(options={"task": 0})
     obs_a, *_, info_a = env.step(f"search[{a}]")
     env.reset(options={"task": 0})
     obs_b, *_, info_b = env.step(f"search[{b}]")
     assert info_a["state_key"] == info_b["state_key"]
+    assert info_a["state_key"][1] == _hit_ids(env, a)
 
 
 def test_state_key_is_order_independent_and_passages_distinguish_states(env):

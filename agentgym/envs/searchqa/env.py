@@ -190,6 +190,9 @@ class SearchQAEnv(TextEnv):
     answered, the episode is truncated with reward 0. An answer terminates it with reward
     ``reward_scale`` x exact match (Search-R1's normalisation, against any golden answer).
 
+    A retriever that fails (a server that is down or answers 5xx) raises from ``step``: that is
+    not the agent's doing, and an episode scored on missing passages would be wrong data.
+
     **Info.** ``state_key`` = ``(question id, frozenset of the passage ids retrieved so far,
     normalised answer or None)``: two trajectories that saw the same passages are in the same
     state whatever words their queries used and in whatever order they searched; the last
@@ -213,8 +216,8 @@ class SearchQAEnv(TextEnv):
         synthetic: play the generated knowledge base (``info["synthetic"] = True``).
         kb_seed: which synthetic knowledge base.
         topk: passages per search (Search-R1's default 3).
-        max_turns: actions per episode, then truncation (4 in the GiGPO paper; Search-R1 trains
-            with up to 4 too).
+        max_turns: actions per episode, then truncation (4 in the GiGPO paper's search setting;
+            Search-R1's training scripts use ``max_turns=2`` searches plus a final answer turn).
         reward_scale: reward of a correct answer (exact match 1.0 -> ``reward_scale``).
 
     Tasks: ``reset(seed=s)`` draws a question with ``self.np_random``; ``options={"task": i}``
