@@ -397,11 +397,6 @@ class SearchQAEnv(TextEnv):
         searches = [f"search[{m}]" for m in self._mentions]
         return searches + [f"answer[{t}]" for t in self._titles[-8:]]
 
-    def _invalid_info(self) -> dict[str, Any]:
-        # Non-text and unparseable actions (TextEnv's path) keep the family keys too, so a
-        # prompt renderer or a random rollout still finds the question and the suggestions.
-        return self._info(False)
-
     def _info(self, valid: bool) -> dict[str, Any]:
         answered = self._answer is not None
         return {
