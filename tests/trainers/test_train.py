@@ -27,7 +27,7 @@ ROLLOUT_KEYS = {
 
 
 def corridor(tmp_path, **overrides) -> Config:
-    base = dict(out_dir=str(tmp_path / "run"), progress=False, tensorboard=False)
+    base = dict(out_dir=str(tmp_path / "run"), progress=False, tensorboard=False, plot=False)
     return Config.for_env("AgentGym/Corridor-v0", **{**base, **overrides})
 
 
@@ -77,6 +77,7 @@ def test_one_iteration_on_sokoban(tmp_path):
         micro_batch_size=4,
         progress=False,
         tensorboard=False,
+        plot=False,
         kl_coef=0.01,  # exercises the frozen reference copy
         entropy_coef=0.01,
     )
@@ -228,7 +229,7 @@ def test_cli_parses_presets_and_overrides():
         Config.for_env("AgentGym/Corridor-v0", learning_rate=1.0)
 
 
-def test_unknown_env_id_is_explained_before_any_work(tmp_path):
+def test_unknown_env_id_is_explained_before_any_work(tmp_path, capsys):
     from trainers.gigpo.train import main
 
     with pytest.raises(ValueError, match="unknown env id 'AgentGym/Nope-v0'.*AgentGym/Sokoban-v0"):
@@ -236,7 +237,7 @@ def test_unknown_env_id_is_explained_before_any_work(tmp_path):
     assert not (tmp_path / "run").exists()  # nothing was loaded or written
     with pytest.raises(SystemExit) as exit_info:
         main(["--env", "AgentGym/Nope-v0", "--out-dir", str(tmp_path / "run")])
-    assert "unknown env id" in str(exit_info.value.code)
+    assert exit_info.value.code == 2 and "unknown env id" in capsys.readouterr().err
 
 
 def test_model_given_by_path_trains_and_resumes(tmp_path):
@@ -251,7 +252,8 @@ def test_model_given_by_path_trains_and_resumes(tmp_path):
     build_model(tok, seed=2).save_pretrained(path)
     tok.save_pretrained(path)
     common = dict(model=str(path), num_groups=2, group_size=2, max_steps=2, max_new_tokens=4,
-                  eval_every=0, progress=False, tensorboard=False, checkpoint_every=1)  # fmt: skip
+                  eval_every=0, progress=False, tensorboard=False, plot=False,
+                  checkpoint_every=1)  # fmt: skip
     config = Config.for_env(
         "AgentGym/Sokoban-v0", iterations=1, out_dir=str(tmp_path / "run"), **common
     )
@@ -410,3 +412,148 @@ def test_tiny_tokenizer_round_trips_beside_a_qwen2_config(tmp_path):
     ids = chat_prompt_ids(tok, text)
     assert chat_prompt_ids(loaded, text) == ids and tok.unk_token_id not in ids
     assert loaded.decode(ids[3:5]) == "1 of"
+
+
+# ----------------------------------------------------------------------------------------------
+# runs kept apart, feedback, Ctrl-C
+# ----------------------------------------------------------------------------------------------
+SMALL = dict(iterations=2, num_groups=2, group_size=2, eval_every=1, eval_groups=2,
+             checkpoint_every=1, env_kwargs={"length": 2})  # fmt: skip
+
+
+def test_a_second_run_into_a_used_out_dir_is_refused(tmp_path, capsys):
+    """A second run does not append to the first one's metrics, events or checkpoints."""
+    from trainers.gigpo.train import main
+
+    first = train(corridor(tmp_path, **SMALL))
+    args = ["--env", "AgentGym/Corridor-v0", "--out-dir", str(tmp_path / "run"), "--no-progress"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--resume" in err and "--overwrite" in err, err
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in lines] == json.loads(json.dumps(first))  # untouched
+
+    # --overwrite replaces the run: the new metrics only, no checkpoint from the old run.
+    second = train(corridor(tmp_path, **{**SMALL, "iterations": 1, "overwrite": True}))
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in lines] == json.loads(json.dumps(second))
+    assert sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*")) == ["checkpoint-1"]
+
+
+def test_resume_truncates_metrics_and_tensorboard_to_the_resumed_iteration(tmp_path):
+    """Resuming from checkpoint-1 of a 3-iteration run leaves one record per iteration in
+    metrics.jsonl and one TensorBoard point per step, equal to the resumed history."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    common = {**SMALL, "iterations": 3, "tensorboard": True}
+    full = train(corridor(tmp_path, **common))
+    resumed = train(
+        corridor(tmp_path, **{**common, "resume": str(tmp_path / "run" / "checkpoint-1")})
+    )
+    assert untimed(resumed) == untimed(full)  # the same run, continued exactly
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in lines] == json.loads(json.dumps(resumed))
+
+    events = EventAccumulator(str(tmp_path / "run" / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    for key in ("rollout/success_rate", "eval/success_rate", "update/loss"):
+        logged = [(e.step, e.value) for e in events.Scalars(key)]
+        expected = [(r["iteration"], r[key]) for r in resumed if key in r]
+        assert [s for s, _ in logged] == [s for s, _ in expected], key
+        assert [v for _, v in logged] == pytest.approx([v for _, v in expected], rel=1e-6), key
+
+
+def test_feedback_lines_progress_summary_and_curve(tmp_path, capsys):
+    """Where the run goes, a line per iteration, progress bars on stderr, a final summary and
+    a learning-curve PNG; --quiet keeps only the summary."""
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    history = train(corridor(tmp_path, **SMALL, progress=True, plot=True))
+    out, err = capsys.readouterr()
+    run = tmp_path / "run"
+    assert str(run / "metrics.jsonl") in out and str(run / "checkpoint-") in out
+    per_iteration = [x for x in out.splitlines() if x.startswith("iteration ")]
+    assert len(per_iteration) == 2, out
+    rows = [r for r in history if "rollout/success_rate" in r]
+    for line, record in zip(per_iteration, rows, strict=True):
+        assert f"success {record['rollout/success_rate']:.2f}" in line
+        assert f"invalid {record['rollout/invalid_rate']:.2f}" in line
+        assert "tok/s" in line and "generate" in line and "update" in line
+    assert "rollout" in err and "update" in err  # the bars inside an iteration
+    assert "finished 2 iterations" in out and "eval success" in out
+    with Image.open(run / "curve.png") as image:
+        assert image.format == "PNG" and image.size[0] > 200
+    assert str(run / "curve.png") in out
+
+    train(corridor(tmp_path / "q", **SMALL, progress=True, plot=False, quiet=True))
+    out, err = capsys.readouterr()
+    assert err == "" and [x for x in out.splitlines() if x.strip()][0].startswith("finished")
+
+
+def test_plot_cli_draws_a_metrics_file_and_says_when_matplotlib_is_missing(
+    tmp_path, monkeypatch, capsys
+):
+    from PIL import Image
+
+    from trainers.gigpo import plot
+
+    train(corridor(tmp_path, **SMALL))
+    png = tmp_path / "curve.png"
+    if importlib.util.find_spec("matplotlib") is not None:
+        plot.main([str(tmp_path / "run" / "metrics.jsonl"), "-o", str(png)])
+        with Image.open(png) as image:
+            assert image.format == "PNG"
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # as if not installed
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        plot.main([str(tmp_path / "run" / "metrics.jsonl"), "-o", str(tmp_path / "no.png")])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "matplotlib" in err and "pip install" in err
+    assert not (tmp_path / "no.png").exists()
+
+
+def test_ctrl_c_stops_cleanly_with_a_checkpoint_that_resumes(tmp_path):
+    """SIGINT to a real training process: one line, no traceback, a resumable checkpoint."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from trainers.gigpo.checkpoint import latest_complete
+    from trainers.gigpo.train import main
+
+    root = Path(__file__).resolve().parents[2]
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainers.gigpo.train", "--env", "AgentGym/Corridor-v0",
+         "--env-kwargs", '{"length": 2}', "--num-groups", "2", "--group-size", "2",
+         "--eval-every", "0", "--iterations", "100000", "--out-dir", str(run),
+         "--no-tensorboard", "--no-plot", "--no-progress"],
+        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        for line in proc.stdout:
+            if line.startswith("iteration 3/"):
+                proc.send_signal(signal.SIGINT)
+                break
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "interrupted" in err and "--resume" in err
+    ckpt = latest_complete(run)
+    assert ckpt is not None and str(ckpt) in err
+    done = int(ckpt.name.split("-")[1])
+    assert done >= 3
+
+    main(["--resume", str(run), "--iterations", str(done + 2), "--no-progress"])
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["iteration"] for x in lines] == list(range(1, done + 3))
+    assert latest_complete(run) == run / f"checkpoint-{done + 2}"

@@ -7,7 +7,8 @@ Defaults follow the GiGPO paper (arXiv 2505.10978) and verl-agent's GiGPO exampl
 512. :data:`PRESETS` holds what differs per env (step cap, eval split, action format...).
 
 Build one with :meth:`Config.for_env` (preset, then your overrides) or from the command line
-with :func:`parse_args`.
+with :func:`parse_args`. :meth:`Config.validate` checks names and ranges before anything loads;
+the command line turns its :class:`ConfigError` into one line and exit code 2.
 """
 
 from __future__ import annotations
@@ -15,17 +16,44 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import re
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
+
+PROG = "python -m trainers.gigpo.train"
+
+#: The env the command line trains when no ``--env`` is given: the corridor learns with the
+#: tiny model on a CPU in about a minute, and needs no data download.
+DEFAULT_ENV = "AgentGym/Corridor-v0"
+
+#: Where runs go unless ``out_dir`` says otherwise.
+DEFAULT_OUT_DIR = "runs/gigpo"
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+GENERATION_BACKENDS = ("hf", "vllm")
+ENV_BACKENDS = ("inprocess", "process")
+EPISODE_STATS = ("trajectories", "steps")
+
+#: Fields a resumed run does not take from the checkpoint's saved config: they say where and
+#: how this invocation runs, not what is trained.
+RUN_FIELDS = ("resume", "overwrite", "out_dir")
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message is one line saying what to pass instead."""
 
 
 @dataclass
 class Config:
     # --- environment -------------------------------------------------------------------------
-    env: str = "AgentGym/ALFWorld-v0"
-    """registered agentgym env id"""
+    env: str = DEFAULT_ENV
+    """registered agentgym env id (the command line without ``--env`` trains the corridor, with
+    its preset)"""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """extra constructor arguments for the env (JSON on the command line); replaces the preset's"""
     max_steps: int | None = None
@@ -136,18 +164,29 @@ class Config:
     """sampling temperature at evaluation; 0 is greedy"""
     seed: int = 0
     """seeds torch, the env tasks and the evaluation tasks"""
-    out_dir: str = "runs/gigpo"
-    """where metrics.jsonl, TensorBoard events and checkpoints go"""
+    out_dir: str | None = None
+    """the run folder: metrics.jsonl, TensorBoard events (tb/), checkpoints, curve.png. None:
+    ``runs/gigpo``, or when resuming, the folder of the checkpoint resumed from. A new run
+    refuses a folder that is not empty unless ``overwrite`` is set"""
+    overwrite: bool = False
+    """replace the run in ``out_dir`` (its metrics, events, checkpoints and curve; other files
+    stay)"""
     checkpoint_every: int = 0
     """save a checkpoint every this many iterations (and at the end); 0: only at the end"""
     save_final: bool = True
     """save a checkpoint after the last iteration"""
     resume: str | None = None
-    """checkpoint directory to resume from (model, optimizer, RNG, iteration, config)"""
+    """a checkpoint folder, or a run folder (its latest complete checkpoint), to resume from:
+    model, optimizer, RNG, iteration and metric history. On the command line, flags not given
+    take the checkpoint's saved config"""
     tensorboard: bool = True
     """also log to TensorBoard when it is installed"""
     progress: bool = True
-    """show a tqdm progress bar"""
+    """tqdm progress bars on stderr: iterations, and rollout rounds / update steps inside one"""
+    quiet: bool = False
+    """print only the final summary and errors: no per-iteration lines, no progress bars"""
+    plot: bool = True
+    """draw the learning curve to ``<out_dir>/curve.png`` at the end (needs matplotlib)"""
 
     @classmethod
     def for_env(cls, env: str, **overrides: Any) -> Config:
@@ -159,6 +198,136 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def run_dir(self) -> Path:
+        """The folder this run writes to (see ``out_dir``)."""
+        if self.out_dir is not None:
+            return Path(self.out_dir)
+        if self.resume is not None:
+            from trainers.gigpo.checkpoint import resolve_resume
+
+            return resolve_resume(self.resume).parent
+        return Path(DEFAULT_OUT_DIR)
+
+    def validate(self, cli: bool = False) -> None:
+        """Raise :class:`ConfigError` (one line naming the valid choices) if this config cannot
+        run: unknown names, sizes below 1, a missing model or checkpoint, a used ``out_dir``.
+
+        Cheap: nothing is loaded (a hub model name not in the local cache costs one request to
+        the hub, unless ``HF_HUB_OFFLINE`` is set). ``cli``: name fields as ``--flags``.
+        """
+        from trainers.gigpo.advantage import _NORMS, available_advantages
+
+        def flag(name: str) -> str:
+            return "--" + name.replace("_", "-") if cli else name
+
+        def choose(name: str, choices: tuple[str, ...] | list[str]) -> None:
+            value = getattr(self, name)
+            if value not in choices:
+                raise ConfigError(
+                    f"{flag(name)} {value!r} is not known; choose one of: {', '.join(choices)}"
+                )
+
+        choose("advantage", available_advantages())
+        choose("norm", _NORMS)
+        choose("dtype", DTYPES)
+        choose("generation_backend", GENERATION_BACKENDS)
+        choose("env_backend", ENV_BACKENDS)
+        choose("episode_stats_over", EPISODE_STATS)
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"{flag('device')} {self.device!r} is not known; choose one of: "
+                              "auto, cpu, cuda, cuda:N")  # fmt: skip
+        for name in ("num_groups", "group_size", "iterations", "max_new_tokens",
+                     "max_prompt_tokens", "generation_batch_size", "ppo_epochs",
+                     "mini_batch_size", "micro_batch_size", "tiny_layers", "tiny_hidden"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{flag(name)} must be at least 1, got {getattr(self, name)}")
+        for name in ("eval_every", "eval_groups", "checkpoint_every", "lora_rank",
+                     "history_length", "temperature", "kl_coef", "entropy_coef"):  # fmt: skip
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{flag(name)} must be at least 0, got {getattr(self, name)}")
+        if not 0 <= self.gamma <= 1:
+            raise ConfigError(f"{flag('gamma')} must be in [0, 1], got {self.gamma}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"{flag('top_p')} must be in (0, 1], got {self.top_p}")
+        if self.lr <= 0 or self.clip_ratio <= 0:
+            raise ConfigError(f"{flag('lr')} and {flag('clip_ratio')} must be positive")
+        if self.generation_backend == "vllm" and self.model == "tiny":
+            raise ConfigError(f"{flag('generation_backend')} vllm needs a real model "
+                              f"({flag('model')} PATH or hub name), not 'tiny'")  # fmt: skip
+        problem = model_problem(self.model)
+        if problem:
+            raise ConfigError(f"{flag('model')} {self.model}: {problem}")
+        resume = None
+        if self.resume is not None:
+            from trainers.gigpo.checkpoint import resolve_resume
+
+            resume = resolve_resume(self.resume)  # CheckpointError says what to pass instead
+        problem = out_dir_problem(self.run_dir(), resume, self.overwrite)
+        if problem:
+            raise ConfigError(problem)
+
+
+def model_problem(model: str) -> str | None:
+    """Why ``model`` (``tiny``, a folder, or a hub name) cannot be loaded here, or None."""
+    if model == "tiny":
+        return None
+    path = Path(model).expanduser()
+    hint = "pass --model tiny, a folder holding a saved model, or a Hugging Face hub name"
+    if path.is_dir():
+        return None if (path / "config.json").is_file() else f"no config.json in it; {hint}"
+    first_part = Path(model.split("/")[0]).expanduser()
+    if model.startswith((".", "/", "~")) or model.count("/") != 1 or first_part.is_dir():
+        return f"no such folder; {hint}"
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(model, "config.json"), str):
+        return None  # downloaded before: loads offline
+    offline = any(
+        os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+    advice = "download it while online (huggingface-cli download NAME) or pass --model FOLDER"
+    if offline:
+        return f"not in the Hugging Face cache, and the hub is offline (HF_HUB_OFFLINE); {advice}"
+    from huggingface_hub import model_info
+
+    try:
+        model_info(model, timeout=10)
+    except Exception as err:  # noqa: BLE001  (offline, unknown name, gated: all end the run)
+        return (
+            f"not in the Hugging Face cache, and the hub cannot serve it offline or from here "
+            f"({type(err).__name__}); {advice}"
+        )
+    return None
+
+
+#: What a run writes into its folder (and ``overwrite`` removes).
+RUN_FILES = ("metrics.jsonl", "metrics.jsonl.tmp", "tb", "curve.png")
+
+
+def out_dir_problem(run_dir: Path, resume: Path | None, overwrite: bool) -> str | None:
+    """Why a run cannot write to ``run_dir``, or None.
+
+    A new run needs an empty (or missing) folder, or ``overwrite``; a run resumed from one of
+    ``run_dir``'s own checkpoints continues it in place (``overwrite`` would delete it).
+    """
+    resuming_in_place = resume is not None and resume.parent.resolve() == run_dir.resolve()
+    if resuming_in_place:
+        if overwrite:
+            return (f"--overwrite would delete {resume}, the checkpoint --resume continues "
+                    "from; drop --overwrite, or pass another --out-dir")  # fmt: skip
+        return None
+    if overwrite or not run_dir.is_dir():
+        return None
+    entries = sorted(p.name for p in run_dir.iterdir())
+    if not entries:
+        return None
+    shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+    return (
+        f"--out-dir {run_dir} is not empty ({shown}); pass --resume {run_dir} to continue its "
+        f"run, --overwrite to replace it, or another --out-dir"
+    )
 
 
 #: Per-env settings that differ from the defaults: step caps from the paper (ALFWorld 50,
@@ -237,10 +406,23 @@ def _parser_type(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Errors as one line (the usage of ~60 flags would bury it), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{message} (see --help)")
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print ``message`` as the command's one-line error and exit with ``code``."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """An argparse parser with one ``--flag`` per :class:`Config` field (defaults suppressed)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m trainers.gigpo.train",
+    parser = _OneLineParser(
+        prog=PROG,
         description="Train an LLM agent on an agentgym env with GiGPO (or GRPO). Unset flags "
         "take the env's preset, then the paper's defaults.",
         argument_default=argparse.SUPPRESS,
@@ -262,7 +444,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
-    """Parse the command line into a :class:`Config` (env preset applied under the flags)."""
+    """Parse the command line into a :class:`Config`.
+
+    A new run: the env's preset under the flags (no ``--env``: :data:`DEFAULT_ENV`, said on
+    stderr). ``--resume``: the checkpoint's saved config under the flags, ``resume`` resolved to
+    the checkpoint folder and ``out_dir`` defaulting to its run folder. Raises
+    :class:`ConfigError` (or ``CheckpointError``) for a ``--resume`` that cannot be resumed.
+    """
     given = vars(build_parser().parse_args(argv))
-    env = given.pop("env", Config.env)
+    if given.get("resume") is not None:
+        from trainers.gigpo.checkpoint import read_config, resolve_resume
+
+        checkpoint = resolve_resume(given["resume"])
+        names = {f.name for f in dataclasses.fields(Config)}
+        saved = {k: v for k, v in read_config(checkpoint).items() if k in names}
+        for name in RUN_FIELDS:
+            saved.pop(name, None)
+        given["resume"] = str(checkpoint)
+        return Config(**{**saved, "out_dir": str(checkpoint.parent), **given})
+    if "env" not in given:
+        print(
+            f"no --env given: training {DEFAULT_ENV}, the CPU demo (a tiny model learns it in "
+            "about a minute); pass --env ID for another env",
+            file=sys.stderr,
+        )
+    env = given.pop("env", DEFAULT_ENV)
     return Config.for_env(env, **given)

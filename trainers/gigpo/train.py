@@ -36,8 +36,11 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import random
+import signal
 import sys
+import threading
 import time
 from collections import defaultdict
 from contextlib import nullcontext
@@ -47,8 +50,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainers.gigpo import checkpoint
 from trainers.gigpo.advantage import compute_advantage
-from trainers.gigpo.config import Config, parse_args
+from trainers.gigpo.checkpoint import STATE_FILE as STATE_FILE  # re-exported
+from trainers.gigpo.checkpoint import CheckpointError, resolve_resume
+from trainers.gigpo.config import Config, ConfigError, fail, parse_args
 from trainers.gigpo.loss import (
     entropy_from_logits,
     kl_k3,
@@ -59,7 +65,7 @@ from trainers.gigpo.loss import (
 from trainers.gigpo.policy import HFPolicy, VLLMPolicy
 from trainers.gigpo.rollout import RolloutBatch, collect, make_group_env
 
-STATE_FILE = "trainer_state.pt"
+PROG = "python -m trainers.gigpo.train"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -263,16 +269,32 @@ def pad_right_aligned(rows: list[torch.Tensor], width: int, device: torch.device
 # logging and checkpoints
 # ----------------------------------------------------------------------------------------------
 class MetricLogger:
-    """Appends one JSON object per record to ``metrics.jsonl``; mirrors scalars to TensorBoard.
+    """Writes one JSON object per record to ``metrics.jsonl``; mirrors scalars to TensorBoard.
 
     TensorBoard events go to ``<out_dir>/tb``: one scalar series per numeric metric, named as in
     the JSONL record, at step ``record["iteration"]``. Without the ``tensorboard`` package the
     logger says so once and writes the JSONL only.
+
+    The files start from ``history`` (the records of the checkpoint resumed from; empty for a new
+    run): ``metrics.jsonl`` is rewritten to hold exactly those (atomically), and a resumed run's
+    TensorBoard events from iteration ``resume_iteration`` on are purged (``purge_step``) and
+    the history's records from there re-logged, so that a resumed run has one record per
+    iteration, not the killed run's tail twice.
     """
 
-    def __init__(self, out_dir: Path, tensorboard: bool):
+    def __init__(
+        self,
+        out_dir: Path,
+        tensorboard: bool,
+        history: list[dict[str, Any]] | None = None,
+        resume_iteration: int | None = None,
+    ):
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "metrics.jsonl"
+        history = history or []
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in history))
+        os.replace(tmp, self.path)
         self.writer = None
         if tensorboard:
             try:
@@ -284,20 +306,38 @@ class MetricLogger:
                     file=sys.stderr,
                 )
             else:
-                self.writer = SummaryWriter(str(out_dir / "tb"))
+                tb = out_dir / "tb"
+                continuing = resume_iteration is not None and tb.is_dir()
+                self.writer = SummaryWriter(
+                    str(tb), purge_step=resume_iteration if continuing else None
+                )
+                # The purge removes the resumed iteration's own record too: log it again.
+                first = resume_iteration if continuing else None
+                for record in history:
+                    if first is None or record["iteration"] >= first:
+                        self._add_scalars(record)
+                self.writer.flush()
+
+    def _add_scalars(self, record: dict[str, Any]) -> None:
+        for k, v in record.items():
+            if isinstance(v, (int, float)) and k != "iteration":
+                self.writer.add_scalar(k, v, record["iteration"])
 
     def log(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         if self.writer is not None:
-            for k, v in record.items():
-                if isinstance(v, (int, float)) and k != "iteration":
-                    self.writer.add_scalar(k, v, record["iteration"])
+            self._add_scalars(record)
             self.writer.flush()
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def rng_state() -> dict[str, Any]:
+    """The torch and numpy global RNG states (what a checkpoint restores)."""
+    return {"torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state()}
 
 
 def save_checkpoint(
@@ -308,25 +348,21 @@ def save_checkpoint(
     config: Config,
     iteration: int,
     history: list[dict],
-) -> None:
-    """Model (HF format; LoRA: the adapter, plus the tiny base), tokenizer, optimizer, RNG, config."""
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
-    if config.lora_rank and config.model == "tiny":
-        model.get_base_model().save_pretrained(path / "base")
-    tokenizer.save_pretrained(path)
-    torch.save(
-        {
-            "iteration": iteration,  # the next iteration to run
-            "optimizer": optimizer.state_dict(),
-            "config": config.to_dict(),
-            "history": history,
-            "torch_rng": torch.get_rng_state(),
-            "numpy_rng": np.random.get_state(),
-        },
-        path / STATE_FILE,
+    rng: dict[str, Any] | None = None,
+) -> Path:
+    """Model (HF format; LoRA: the adapter, plus the tiny base), tokenizer, optimizer, RNG
+    (``rng``, default: the current state), config and history, written atomically."""
+    return checkpoint.save_checkpoint(
+        path,
+        model,
+        tokenizer,
+        optimizer,
+        config.to_dict(),
+        iteration,
+        list(history),
+        rng if rng is not None else rng_state(),
+        save_base=bool(config.lora_rank and config.model == "tiny"),
     )
-    (path / "trainer_config.json").write_text(json.dumps(config.to_dict(), indent=2))
 
 
 def _env_kwargs(config: Config) -> dict[str, Any]:
@@ -373,12 +409,168 @@ def check_env_id(env: str) -> None:
         raise ValueError(f"unknown env id {env!r}; agentgym registers: {', '.join(ids)}")
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped training; ``checkpoint`` is the checkpoint it can resume from (None: none
+    was written by this run) and ``message`` the one line to show."""
+
+    def __init__(self, message: str, checkpoint: Path | None):
+        super().__init__(message)
+        self.message = message
+        self.checkpoint = checkpoint
+
+
+class _CtrlC:
+    """SIGINT while training: stop at once where nothing has changed yet, else at the end of
+    the update.
+
+    Rollout, advantage and evaluation change no weights, so a Ctrl-C there abandons the
+    iteration (the trainer saves the state from its start). From the first optimizer step until
+    the iteration's record and checkpoint are written, the weights and the history disagree, so
+    a Ctrl-C there is only noted and the iteration finishes first; a second Ctrl-C stops at
+    once, without saving. Installed only in the main thread (the only one signals reach).
+    """
+
+    def __init__(self) -> None:
+        self.must_finish = False
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _CtrlC:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.must_finish and not self.requested:
+            self.requested = True
+            return
+        raise KeyboardInterrupt
+
+
+class _RolloutProgress:
+    """The policy, reporting each generation round (envs still running, tokens) to a bar.
+
+    ``collect`` sees the policy unchanged; every other attribute is the wrapped policy's.
+    """
+
+    def __init__(self, policy: Any, bar: Any, num_envs: int, desc: str):
+        self.policy, self.bar, self.num_envs = policy, bar, num_envs
+        self.rounds = self.tokens = 0
+        if bar is not None:
+            bar.reset(total=num_envs)
+            bar.set_description(desc)
+
+    def generate(self, prompts: Any, **kwargs: Any) -> Any:
+        out = self.policy.generate(prompts, **kwargs)
+        self.rounds += 1
+        self.tokens += sum(len(g.response_ids) for g in out)
+        if self.bar is not None:
+            self.bar.n = self.num_envs - len(prompts)  # episodes finished before this round
+            self.bar.set_postfix(round=self.rounds, running=len(prompts), tokens=self.tokens)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.policy, name)
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.1f}s"
+
+
+def iteration_line(record: dict[str, Any], iterations: int) -> str:
+    """The one line printed per training iteration."""
+    t = record
+    return (
+        f"iteration {t['iteration']}/{iterations}: success {t['rollout/success_rate']:.2f}  "
+        f"return {t['rollout/return']:.3f}  invalid {t['rollout/invalid_rate']:.2f}  "
+        f"{t['time/tokens_per_s']:,.0f} tok/s | generate {t['time/generate']:.2f}s  "
+        f"env {t['time/env']:.2f}s  update {t['time/update']:.2f}s  "
+        f"({t['time/iteration']:.2f}s)"
+    )
+
+
+def eval_line(record: dict[str, Any], tasks: int) -> str:
+    """The one line printed per evaluation."""
+    return (
+        f"eval at iteration {record['iteration']}: success {record['eval/success_rate']:.2f} "
+        f"on {tasks} held-out tasks  return {record['eval/return']:.3f}  "
+        f"({record['time/eval']:.2f}s)"
+    )
+
+
+def summary_lines(history: list[dict[str, Any]], start: int, elapsed: float) -> list[str]:
+    """The final summary: what changed over the run (rollout and eval success)."""
+    rows = [r for r in history if "rollout/success_rate" in r]
+    evals = [r for r in history if "eval/success_rate" in r]
+    done = rows[-1]["iteration"] if rows else start
+    head = (
+        f"finished {done} iteration{'s' if done != 1 else ''} in {_duration(elapsed)}"
+        if start == 0
+        else f"finished iterations {start + 1}-{done} in {_duration(elapsed)} (resumed at {start})"
+    )
+    parts = []
+    if rows:
+        parts.append(
+            f"rollout success {rows[0]['rollout/success_rate']:.2f} -> "
+            f"{rows[-1]['rollout/success_rate']:.2f}"
+        )
+    if evals:
+        best = max(evals, key=lambda r: r["eval/success_rate"])
+        parts.append(
+            f"eval success {evals[0]['eval/success_rate']:.2f} -> "
+            f"{evals[-1]['eval/success_rate']:.2f} (best {best['eval/success_rate']:.2f} at "
+            f"iteration {best['iteration']})"
+        )
+    return [head + (": " + ", ".join(parts) if parts else "")]
+
+
 def train(config: Config) -> list[dict[str, Any]]:
-    """Run the configured training; returns the metric history (also in ``metrics.jsonl``)."""
+    """Run the configured training; returns the metric history (also in ``metrics.jsonl``).
+
+    Raises :class:`~trainers.gigpo.config.ConfigError` (or ``CheckpointError``) before loading
+    anything if the config cannot run, and :class:`TrainingInterrupted` after Ctrl-C, once the
+    resumable checkpoint is written.
+    """
+    t_start = time.perf_counter()
     check_env_id(config.env)  # before minutes of model loading, not after
-    out_dir = Path(config.out_dir)
-    resume_dir = Path(config.resume) if config.resume else None
-    state = torch.load(resume_dir / STATE_FILE, weights_only=False) if resume_dir else None
+    config.validate()
+    resume_dir = resolve_resume(config.resume) if config.resume else None
+    out_dir = config.run_dir()
+    resuming_in_place = resume_dir is not None and resume_dir.parent.resolve() == out_dir.resolve()
+    if config.overwrite and not resuming_in_place:
+        checkpoint.remove_run(out_dir)
+    state = checkpoint.load_state(resume_dir) if resume_dir else None
+    loud = not config.quiet
+
+    def say(line: str) -> None:
+        if bar is not None:
+            bar.write(line, file=sys.stdout)
+        else:
+            print(line)
+        sys.stdout.flush()
+
+    bar = phase = None
+    if loud:
+        every = (
+            f"every {config.checkpoint_every} iterations and " if config.checkpoint_every else ""
+        )
+        saved = f"{every}at the end" if config.save_final else every.removesuffix(" and ")
+        say(
+            f"run folder {out_dir}: metrics {out_dir / 'metrics.jsonl'}"
+            + (f", TensorBoard {out_dir / 'tb'}" if config.tensorboard else "")
+            + (f", checkpoints {out_dir}/checkpoint-N {saved}" if saved else "")
+            + (f", curve {out_dir / 'curve.png'}" if config.plot else "")
+        )
+        if resume_dir is not None:
+            say(f"resuming from {resume_dir} (iteration {state['iteration']})")
     torch.manual_seed(config.seed)
     np.random.seed(config.seed)
     random.seed(config.seed)
@@ -469,7 +661,10 @@ def train(config: Config) -> list[dict[str, Any]]:
         start, history = state["iteration"], list(state["history"])
         torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])
-    logger = MetricLogger(out_dir, config.tensorboard)
+    logger = MetricLogger(
+        out_dir, config.tensorboard, history, start if resume_dir is not None else None
+    )
+    last_saved = start if resuming_in_place else None  # iteration of the newest checkpoint here
 
     def evaluate(iteration: int) -> dict[str, Any]:
         # EVAL: the same held-out tasks every time (fixed seed), greedy by default.
@@ -478,7 +673,7 @@ def train(config: Config) -> list[dict[str, Any]]:
         seed = 2**31 - 1 - config.seed if config.eval_split is None else config.seed
         batch = collect(
             eval_venv,
-            policy,
+            _RolloutProgress(policy, phase, eval_venv.num_envs, "eval"),
             seed=seed,
             options=_split_options(config.eval_split),
             temperature=config.eval_temperature,
@@ -491,26 +686,61 @@ def train(config: Config) -> list[dict[str, Any]]:
     def emit(record: dict[str, Any]) -> None:
         history.append(record)
         logger.log(record)
+        if loud and "eval/success_rate" in record:
+            say(eval_line(record, eval_venv.num_envs))
+
+    def evaluated_at(iteration: int) -> bool:
+        # A checkpoint written after the final evaluation already holds it.
+        return any(r["iteration"] == iteration and "eval/success_rate" in r for r in history)
+
+    def save(iteration: int, rng: dict[str, Any] | None = None, upto: int | None = None) -> Path:
+        nonlocal last_saved
+        path = save_checkpoint(
+            out_dir / f"checkpoint-{iteration}",
+            model,
+            tokenizer,
+            optimizer,
+            config,
+            iteration,
+            history[:upto],
+            rng,
+        )
+        last_saved = iteration
+        return path
 
     iterations = range(start, config.iterations)
-    bar = None
-    if config.progress:
+    if loud and config.progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(iterations, desc=f"{config.advantage} {config.env}", file=sys.stderr)
+        bar = tqdm(
+            total=config.iterations,
+            initial=start,
+            desc=f"{config.advantage} {config.env}",
+            unit="it",
+            file=sys.stderr,
+            position=0,
+        )
+        phase = tqdm(total=venv.num_envs, leave=False, file=sys.stderr, position=1)
     threads_before = torch.get_num_threads()
+    # The last state that a checkpoint can hold: (iterations done, history length, RNG), or
+    # None while the weights are ahead of the history (inside an update).
+    consistent: tuple[int, int, dict[str, Any]] | None = (start, len(history), rng_state())
+    ctrl_c = _CtrlC()
     try:
+        ctrl_c.__enter__()
         if device.type == "cpu" and config.cpu_threads:
             torch.set_num_threads(config.cpu_threads)  # restored in `finally`
         for it in iterations:
             t_iter = time.perf_counter()
-            if eval_venv is not None and it % config.eval_every == 0:
+            consistent = (it, len(history), rng_state())
+            if eval_venv is not None and it % config.eval_every == 0 and not evaluated_at(it):
                 emit(evaluate(it))
 
             # ROLLOUT ---------------------------------------------------------------------
+            progress = _RolloutProgress(policy, phase, venv.num_envs, f"rollout {it + 1}")
             batch = collect(
                 venv,
-                policy,
+                progress,
                 seed=config.seed * 1_000_003 + it,
                 options=_split_options(config.train_split),
             )
@@ -544,6 +774,7 @@ def train(config: Config) -> list[dict[str, Any]]:
                     record[f"advantage/{k}"] = float(v)
 
             # UPDATE ----------------------------------------------------------------------
+            consistent, ctrl_c.must_finish = None, True  # weights move from here on
             t0 = time.perf_counter()
             n = len(batch)
             all_rows = np.arange(n)
@@ -587,6 +818,9 @@ def train(config: Config) -> list[dict[str, Any]]:
             sums: dict[str, float] = defaultdict(float)
             steps = 0
             gen = np.random.default_rng(config.seed * 7919 + it)
+            if phase is not None:
+                phase.reset(total=config.ppo_epochs * math.ceil(n / config.mini_batch_size))
+                phase.set_description(f"update {it + 1}")
             for epoch in range(config.ppo_epochs):
                 perm = gen.permutation(n)
                 for mb_start in range(0, n, config.mini_batch_size):
@@ -647,6 +881,8 @@ def train(config: Config) -> list[dict[str, Any]]:
                         optimizer.step()
                     sums["update/grad_norm"] += float(grad_norm)
                     steps += 1
+                    if phase is not None:
+                        phase.update(1)
             policy.sync_weights(model)
             record["rollout/logprob_diff"] = float(np.mean(diffs)) if diffs else 0.0
             for k, v in sums.items():
@@ -660,56 +896,94 @@ def train(config: Config) -> list[dict[str, Any]]:
             record["time/advantage"] = time_advantage
             record["time/update"] = time.perf_counter() - t0
             record["time/iteration"] = time.perf_counter() - t_iter
+            record["time/tokens_per_s"] = progress.tokens / max(batch.timings["generate"], 1e-9)
             emit(record)
+            if loud:
+                say(iteration_line(record, config.iterations))
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(success=f"{record['rollout/success_rate']:.2f}")
+            last = it + 1 == config.iterations
             if config.checkpoint_every and (it + 1) % config.checkpoint_every == 0:
-                save_checkpoint(
-                    out_dir / f"checkpoint-{it + 1}",
-                    model,
-                    tokenizer,
-                    optimizer,
-                    config,
-                    it + 1,
-                    history,
-                )
+                if not (last and config.save_final):  # the final save, after the final eval
+                    save(it + 1)
+            consistent = (it + 1, len(history), rng_state())
+            ctrl_c.must_finish = False
+            if ctrl_c.requested:
+                raise KeyboardInterrupt
 
-        if eval_venv is not None and config.iterations > start:
+        if eval_venv is not None and not evaluated_at(config.iterations):
             emit(evaluate(config.iterations))
-        if config.save_final and config.iterations > start:
-            save_checkpoint(
-                out_dir / f"checkpoint-{config.iterations}",
-                model,
-                tokenizer,
-                optimizer,
-                config,
-                config.iterations,
-                history,
-            )
+        done = config.iterations
+        if config.save_final and last_saved != done and (done > start or not resuming_in_place):
+            ctrl_c.must_finish = True  # a Ctrl-C now would only cut the final save short
+            save(done)
+    except KeyboardInterrupt:
+        raise _interrupted(consistent, last_saved, out_dir, save) from None
     finally:
+        ctrl_c.__exit__()
         torch.set_num_threads(threads_before)
-        if bar is not None:
-            bar.close()
+        for b in (phase, bar):
+            if b is not None:
+                b.close()
         logger.close()
         venv.close()
         if eval_venv is not None:
             eval_venv.close()
+    lines = summary_lines(history, start, time.perf_counter() - t_start)
+    where = [f"metrics {out_dir / 'metrics.jsonl'}"]
+    if last_saved is not None:
+        where.insert(0, f"checkpoint {out_dir / f'checkpoint-{last_saved}'}")
+    if config.plot:
+        from trainers.gigpo.plot import plot_history
+
+        try:
+            where.append(f"curve {plot_history(history, out_dir / 'curve.png')}")
+        except ImportError as err:
+            print(str(err), file=sys.stderr)
+    for line in [*lines, ", ".join(where)]:
+        print(line, flush=True)
     return history
 
 
-def main(argv: list[str] | None = None) -> None:
-    config = parse_args(argv)
-    try:
-        check_env_id(config.env)
-    except ValueError as err:
-        sys.exit(f"python -m trainers.gigpo.train: {err}")
-    history = train(config)
-    evals = [r for r in history if "eval/success_rate" in r]
-    if evals:
-        print(
-            f"eval success: {evals[0]['eval/success_rate']:.3f} -> {evals[-1]['eval/success_rate']:.3f}"
+def _interrupted(
+    consistent: tuple[int, int, dict[str, Any]] | None,
+    last_saved: int | None,
+    out_dir: Path,
+    save: Any,
+) -> TrainingInterrupted:
+    """Save what Ctrl-C left consistent (if anything new) and say how to continue."""
+    resume = f"continue with: {PROG} --resume {out_dir}"
+    if consistent is None:
+        latest = checkpoint.latest_complete(out_dir)
+        where = f"the latest checkpoint is {latest}; {resume}" if latest else "no checkpoint"
+        return TrainingInterrupted(f"interrupted twice: stopped without saving; {where}", latest)
+    done, upto, rng = consistent
+    if done == last_saved:
+        path = out_dir / f"checkpoint-{done}"
+    elif done == 0:
+        return TrainingInterrupted(
+            "interrupted during the first iteration: nothing to save yet", None
         )
+    else:
+        path = save(done, rng, upto)
+    return TrainingInterrupted(f"interrupted after iteration {done}: saved {path}; {resume}", path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command line: config errors are one line and exit code 2, Ctrl-C exit code 130."""
+    try:
+        config = parse_args(argv)
+        check_env_id(config.env)
+        config.validate(cli=True)
+    except (ConfigError, CheckpointError, ValueError) as err:
+        fail(str(err))
+    try:
+        train(config)
+    except TrainingInterrupted as stop:
+        fail(stop.message, code=130)
+    except KeyboardInterrupt:
+        fail("interrupted before training started: nothing saved", code=130)
 
 
 if __name__ == "__main__":
