@@ -12,6 +12,8 @@ from gymnasium import spaces
 from agentgym.core import MAX_OBS_CHARS, TEXT_CHARSET, ResetOptionError, TextEnv, describe_action
 from agentgym.envs.webshop import pages
 from agentgym.envs.webshop.data import DEFAULT_SEED, SPLITS, Catalogue, load_catalogue
+from agentgym.envs.webshop.nouns import NounExtractor, default_noun_extractor
+from agentgym.envs.webshop.reward import webshop_reward
 from agentgym.envs.webshop.search import ProductSearch, product_search
 
 __all__ = ["WebShopEnv", "parse_action", "SEARCH_ACTION"]
@@ -104,6 +106,8 @@ class WebShopEnv(TextEnv):
         max_episode_steps: step cap (verl-agent uses 15).
         show_attrs: show the item page's ``Attributes`` button (WebShop's ``show_attrs``).
         search_anywhere: accept ``search[...]`` on every page, as WebShop's text env does.
+        noun_extractor: title-noun extractor of the reward; default the process-wide
+            :func:`.nouns.default_noun_extractor` (spaCy's ``en_core_web_sm`` when installed).
     """
 
     family: ClassVar[str] = "webshop"
@@ -124,6 +128,7 @@ class WebShopEnv(TextEnv):
         max_episode_steps: int | None = 15,
         show_attrs: bool = False,
         search_anywhere: bool = True,
+        noun_extractor: NounExtractor | None = None,
         render_mode: str | None = None,
     ) -> None:
         super().__init__(max_episode_steps=max_episode_steps, render_mode=render_mode)
@@ -145,6 +150,7 @@ class WebShopEnv(TextEnv):
         self.success_reward = float(success_reward)
         self.show_attrs = bool(show_attrs)
         self.search_anywhere = bool(search_anywhere)
+        self._noun_extractor_arg = noun_extractor
         self._attach()
         # real product text is not ASCII; the space admits every character a page can show
         self.observation_space = spaces.Text(
@@ -167,12 +173,19 @@ class WebShopEnv(TextEnv):
         """Take references to the process-wide catalogue, index and reward function."""
         self.catalogue: Catalogue = load_catalogue(**self._load_args)
         self.search_engine: ProductSearch = product_search(self.catalogue, self.search_backend)
+        # chosen now, not at the first purchase: loading spaCy takes seconds (once per process)
+        self.noun_extractor: NounExtractor = (
+            self._noun_extractor_arg
+            if self._noun_extractor_arg is not None
+            else default_noun_extractor()
+        )
 
     # -- pickling: the shared data stays behind, the next process loads (or reuses) its own ------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("catalogue", None)
         state.pop("search_engine", None)
+        state.pop("noun_extractor", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -358,14 +371,13 @@ class WebShopEnv(TextEnv):
             self._options[option_group[arg]] = arg
 
     def _buy(self) -> tuple[str, float, bool, dict[str, Any]]:
-        from agentgym.envs.webshop.reward import webshop_reward
-
         asin = self._asin
         score, reward_info = webshop_reward(
             self._product,
             self._goal,
             price=self.catalogue.product_prices[asin],
             options=dict(self._options),
+            noun_extractor=self.noun_extractor,
         )
         self._score, self._reward_info = float(score), reward_info
         self._kind, self._sub = DONE, None
