@@ -213,6 +213,8 @@ def iter_json_array(path: str | os.PathLike, chunk_chars: int = 1 << 22) -> Iter
             sep = peek()
             if sep == "]":
                 return
+            if sep == "":
+                raise fail("the array is not closed: the file ends")
             if sep != ",":
                 raise fail("expected ',' or ']'")
             pos += 1
