@@ -117,15 +117,19 @@ def coerce_action(action: Any) -> str | None:
 
 
 def describe_action(action: Any, limit: int = 60) -> str:
-    """A short, safe rendering of a user's action for an error observation.
+    """A short, safe rendering of a user's action for an error observation or a prompt.
 
-    Keeps the observation inside :data:`TEXT_CHARSET` whatever the action held (control
-    characters, non-ASCII, 100 KB strings), so an invalid action can be echoed back.
+    Keeps the text inside :data:`TEXT_CHARSET` whatever the action held (control characters,
+    non-ASCII as ``\\x..`` escapes, lone surrogates, 1 MB strings), so it can be echoed back,
+    and at most ``limit + 3`` characters long (``"..."`` marks a cut). Non-text actions show
+    their ``repr``.
     """
     text = action if isinstance(action, str) else repr(action)
     shown = text[:limit].encode("ascii", "backslashreplace").decode("ascii")
     shown = "".join(c if c in TEXT_CHARSET and c not in "\r\x0b\x0c" else "?" for c in shown)
-    return shown + ("..." if len(text) > limit else "")
+    # escapes lengthen non-ASCII text (up to 10 characters per code point): cut again
+    cut = len(text) > limit or len(shown) > limit
+    return shown[:limit] + ("..." if cut else "")
 
 
 class TextEnv(gym.Env[str, str]):
@@ -147,6 +151,13 @@ class TextEnv(gym.Env[str, str]):
     False``, and the world state does not change. Non-text actions (None, numbers) are treated
     the same way. Stepping a finished episode returns the last observation, reward 0,
     ``action_valid=False`` and the same terminated / truncated flags.
+
+    **Action text.** Every family ignores whitespace around an action (the base class strips
+    it). Beyond that each family matches actions as its benchmark does: Sokoban and Corridor
+    ignore case and runs of inner whitespace; ALFWorld matches the command exactly as TextWorld
+    does (case and inner spaces count; the LLM wrapper lower-cases and collapses model text as
+    verl-agent does, which yields the commands' form); WebShop lower-cases as WebShop does;
+    SearchQA keeps the query and answer text as written.
 
     **info**, on every reset and step, holds at least :data:`INFO_KEYS`:
 
@@ -250,7 +261,8 @@ class TextEnv(gym.Env[str, str]):
             reward, terminated = self.invalid_action_reward, False
             info = self._invalid_info()
         else:
-            obs, reward, terminated, info = self._step_action(text)
+            # one rule for every family: surrounding whitespace never matters (see the docstring)
+            obs, reward, terminated, info = self._step_action(text.strip())
         self._elapsed_steps += 1
         truncated = (
             not terminated

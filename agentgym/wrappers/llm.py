@@ -56,11 +56,12 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 from gymnasium import spaces
 
-from agentgym.core import MAX_OBS_CHARS, TEXT_CHARSET, InvalidAction, coerce_action
+from agentgym.core import MAX_OBS_CHARS, TEXT_CHARSET, InvalidAction, coerce_action, describe_action
 
 __all__ = [
     "FORMATS",
     "FORMAT_INSTRUCTIONS",
+    "MAX_HISTORY_ACTION_CHARS",
     "PROMPT_TEMPLATES",
     "FAMILY_TEMPLATES",
     "ParsedAction",
@@ -76,6 +77,11 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------
 # Parsing
 # ---------------------------------------------------------------------------------------------
+
+#: Longest action a prompt's history shows, before the ``"..."`` that marks a cut (see
+#: :class:`PromptRenderer`): a model's text reaches later prompts bounded by this, whatever
+#: it wrote.
+MAX_HISTORY_ACTION_CHARS = 256
 
 #: Output formats :func:`parse_action` understands.
 FORMATS: tuple[str, ...] = ("think_action", "search_answer", "plain")
@@ -681,7 +687,12 @@ class PromptRenderer(gym.Wrapper):
       reads ``info["parsed_action"]`` from the parser below it;
     - ``ParseActions(PromptRenderer(env))``: the renderer is handed the parsed action directly.
 
-    A step whose text did not parse is recorded as ``(invalid: <reason>)``.
+    A step whose text did not parse is recorded as ``(invalid: <reason>)``. What the history
+    records comes from the model, so it is sanitised as :func:`agentgym.core.describe_action`
+    does (inside :data:`~agentgym.core.TEXT_CHARSET`, non-ASCII escaped) and cut to
+    :data:`MAX_HISTORY_ACTION_CHARS`: a prompt is at most the template, the task, the admissible
+    actions, ``history_length + 1`` observations and ``history_length`` such actions long, and
+    stays inside ``observation_space`` whatever the model writes.
 
     The task is read from the reset info under ``task_key`` (a key or a sequence of keys tried in
     order; default ``("goal", "question", "instruction")``), and refreshed if a step's info
@@ -741,15 +752,18 @@ class PromptRenderer(gym.Wrapper):
 
     @staticmethod
     def _received(action: Any, info: dict[str, Any]) -> str:
-        """The action the env received this step, as shown in the history."""
+        """The action the env received this step, as shown in the history (sanitised, bounded)."""
         if "parsed_action" in info:  # a ParseActions below us parsed the model text
             if info["parsed_action"] is not None:
-                return info["parsed_action"]
-            return f"(invalid: {info.get('parse_error', 'unparseable response')})"
-        if isinstance(action, InvalidAction):  # a ParseActions above us rejected the text
-            return f"(invalid: {getattr(action, 'error', action.message)})"
-        text = coerce_action(action)
-        return text if text is not None else f"(invalid: {action!r})"
+                shown = info["parsed_action"]
+            else:
+                shown = f"(invalid: {info.get('parse_error', 'unparseable response')})"
+        elif isinstance(action, InvalidAction):  # a ParseActions above us rejected the text
+            shown = f"(invalid: {getattr(action, 'error', action.message)})"
+        else:
+            text = coerce_action(action)
+            shown = text if text is not None else f"(invalid: {action!r})"
+        return describe_action(shown, limit=MAX_HISTORY_ACTION_CHARS)
 
     def _render(self, obs: str, info: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         for key in self.task_keys:

@@ -12,9 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentgym.core import InvalidAction, TextEnv, describe_action
+from agentgym.core import TEXT_CHARSET, InvalidAction, TextEnv, describe_action
 from agentgym.wrappers.llm import (
     FORMATS,
+    MAX_HISTORY_ACTION_CHARS,
     PROMPT_TEMPLATES,
     ParseActions,
     PromptRenderer,
@@ -348,6 +349,66 @@ def test_parse_actions_never_raises(texts):
         if not done:
             assert env.unwrapped.elapsed_steps == steps  # every response costs a step
         done = done or term or trunc
+
+
+# Anything a model can emit: every code point (control characters, lone surrogates, emoji),
+# tag soup, and very long strings, alone or wrapped in a well-formed action block.
+ANY_CHAR = st.characters(min_codepoint=0, max_codepoint=0x10FFFF, exclude_categories=())
+RAW_TEXT = st.one_of(
+    st.text(ANY_CHAR, max_size=80),
+    TAG_SOUP,
+    st.tuples(
+        st.sampled_from(["x", "\x00", "\ud800", "\u00e9", "\U0001f642"]), st.integers(1, 3)
+    ).map(lambda t: t[0] * (t[1] * 400_000)),
+)
+MODEL_TEXT = st.one_of(
+    RAW_TEXT,
+    RAW_TEXT.map(lambda a: f"<think>t</think><action>{a}</action>"),
+    RAW_TEXT.map(lambda a: f"<think>t</think><search>{a}</search>"),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    texts=st.lists(MODEL_TEXT, min_size=1, max_size=4),
+    stack=st.sampled_from(["llm_env", "parser_above", "no_parser", "plain", "search"]),
+    history_length=st.integers(0, 3),
+)
+def test_prompts_stay_in_the_observation_space_whatever_the_model_writes(
+    texts, stack, history_length
+):
+    base = CounterEnv(max_episode_steps=None)
+    if stack == "llm_env":
+        env = make_llm_env(base, history_length=history_length)
+    elif stack == "parser_above":
+        env = ParseActions(PromptRenderer(base, history_length, "generic"))
+    elif stack == "no_parser":
+        env = PromptRenderer(base, history_length, "generic")
+    elif stack == "plain":
+        env = make_llm_env(base, fmt="plain", history_length=history_length)
+    else:
+        env = make_llm_env(base, history_length=history_length, template="search")
+    renderer = env if isinstance(env, PromptRenderer) else env.env
+    prompt, info = env.reset(seed=0)
+    assert env.observation_space.contains(prompt)
+    for text in texts:
+        prompt, *_, info = env.step(text)
+        assert env.observation_space.contains(prompt), "prompt left the observation space"
+        # The model's text adds at most MAX_HISTORY_ACTION_CHARS per history entry (+ "...").
+        for _, action in renderer.history:
+            assert len(action) <= MAX_HISTORY_ACTION_CHARS + 3
+            assert set(action) <= TEXT_CHARSET
+        baseline = render_prompt(
+            renderer._task,
+            info["raw_observation"],
+            [(o, "") for o, _ in renderer.history],
+            info.get("admissible_actions"),
+            renderer._steps,
+            history_length,
+            renderer.template,
+            fmt=renderer.fmt,
+        )
+        assert len(prompt) <= len(baseline) + history_length * (MAX_HISTORY_ACTION_CHARS + 3)
 
 
 # ---------------------------------------------------------------------------------------------
