@@ -1,0 +1,259 @@
+"""WebShop's purchase reward: agentgym's ``webshop_reward`` against WebShop's own ``get_reward``.
+
+Purchases: for each of ``--goals`` goals sampled from WebShop's synthetic goals (seeded), the
+goal's own product bought with the goal's options, 3 products of the same category and 3 random
+ones bought with the first value of each option, each at its catalogue price: 7 purchases a goal.
+
+Measured, in the same run and on the same purchases:
+
+* **fidelity**: WebShop's ``get_reward(..., verbose=True)`` against ``webshop_reward`` with spaCy
+  nouns from the same model: the share of purchases whose total and every verbose part are equal;
+* **fallback**: the share of purchases whose reward changes when the title nouns come from
+  :class:`FallbackNouns` (or from every whitespace word) instead of the model;
+* **speed**: seconds per purchase, medians over ``--repeats`` interleaved passes. WebShop runs its
+  full spaCy pipeline on both titles at every purchase; ours memoises title nouns, so "warm" is the
+  steady state of an env replaying its catalogue and "cold" starts every pass from an empty noun
+  memo (every title new but for the repeats within the pass; the string caches of the fuzzy match
+  stay warm). One unrecorded warm-up round precedes the timed ones.
+
+The stock side needs a WebShop checkout (only ``web_agent_site/engine/goal.py`` and
+``normalize.py`` are imported), ``thefuzz`` and ``rich`` installed, and the spaCy model: WebShop
+loads ``en_core_web_sm`` by name at import, so the benchmark points that name at ``--spacy-model``
+while importing it. Without a checkout only our side is timed.
+
+Data: ``$WEBSHOP_DATA`` (WebShop's ``items_shuffle_1000.json`` and ``items_ins_v2_1000.json``), or
+the ``.xz`` copies in ``../shared/data/webshop`` unpacked to a temporary folder. Writes
+``benchmarks/results/webshop_reward.json`` and prints a table.
+
+    python benchmarks/bench_webshop_reward.py --webshop PATH/TO/WebShop \\
+        --spacy-model PATH/TO/en_core_web_sm-3.8.0 [--goals 200] [--repeats 3] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import lzma
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from agentgym.envs.webshop.data import CATALOGUE_FILES, load_catalogue
+from agentgym.envs.webshop.nouns import FallbackNouns, SpacyNouns
+from agentgym.envs.webshop.reward import webshop_reward
+
+RESULTS = Path(__file__).resolve().parent / "results" / "webshop_reward.json"
+SHARED_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+
+
+def load_small_catalogue(tmp: Path):
+    """WebShop's 1000-product catalogue from $WEBSHOP_DATA, else from the shared .xz copies."""
+    product_file, attr_file = CATALOGUE_FILES["small"]
+    data_dir = os.environ.get("WEBSHOP_DATA")
+    if not data_dir:
+        xz_dir = SHARED_DATA / "webshop"
+        if not (xz_dir / f"{product_file}.xz").is_file():
+            sys.exit(
+                "WebShop data not found: set WEBSHOP_DATA to the folder holding "
+                f"{product_file} and {attr_file}"
+            )
+        for name in (product_file, attr_file):
+            (tmp / name).write_bytes(lzma.open(xz_dir / f"{name}.xz").read())
+        data_dir = str(tmp)
+    return load_catalogue(data_dir, catalogue="small", goals="synthetic")
+
+
+def make_purchases(catalogue, num_goals: int, seed: int) -> list[tuple]:
+    """(goal, product, price, options) for the right product, 3 same-category and 3 random."""
+    rng = random.Random(seed)
+    by_category = defaultdict(list)
+    for product in catalogue.products:
+        by_category[product["category"]].append(product)
+    purchases = []
+    for goal in rng.sample(catalogue.goals, min(num_goals, len(catalogue.goals))):
+        right = catalogue.product_by_asin[goal["asin"]]
+        bought = [(right, dict(goal["goal_options"]))]
+        for product in rng.sample(by_category[right["category"]], 3) + rng.sample(
+            catalogue.products, 3
+        ):
+            bought.append((product, {k: v[0] for k, v in product["options"].items() if v}))
+        for product, options in bought:
+            purchases.append((goal, product, catalogue.product_prices[product["asin"]], options))
+    return purchases
+
+
+def import_stock_goal_module(webshop_dir: Path, spacy_model: Path):
+    """WebShop's ``web_agent_site.engine.goal`` module, with its module-level ``spacy.load("en_core_web_sm")`` pointed
+    at the model folder (the package name is not installable from the package index)."""
+    import spacy
+
+    real_load = spacy.load
+    spacy.load = lambda name, *a, **kw: real_load(
+        str(spacy_model) if name == "en_core_web_sm" else name, *a, **kw
+    )
+    sys.path.insert(0, str(webshop_dir))
+    try:
+        goal_module = importlib.import_module("web_agent_site.engine.goal")
+    finally:
+        spacy.load = real_load
+        sys.path.remove(str(webshop_dir))
+    return goal_module
+
+
+class MemoisedPipeline:
+    """A spaCy pipeline that returns the same Doc for a repeated text (tagging is deterministic):
+    lets the fidelity pass run WebShop's reward on thousands of purchases in seconds."""
+
+    def __init__(self, nlp) -> None:
+        self.nlp, self.docs = nlp, {}
+
+    def __call__(self, text: str):
+        if text not in self.docs:
+            self.docs[text] = self.nlp(text)
+        return self.docs[text]
+
+
+class EveryWord:
+    """Every whitespace word is a noun: the trivial extractor the fallback must beat."""
+
+    def __call__(self, text: str) -> tuple[str, ...]:
+        return tuple(text.lower().split())
+
+
+def time_pass(fn: Callable[[tuple], object], purchases: list[tuple]) -> float:
+    start = time.perf_counter()
+    for purchase in purchases:
+        fn(purchase)
+    return (time.perf_counter() - start) / len(purchases)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--goals", type=int, default=100, help="goals in the timed purchases")
+    parser.add_argument(
+        "--fidelity-goals", type=int, default=1000, help="goals in the compared purchases"
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--webshop", type=Path, help="a WebShop checkout (the stock reward)")
+    parser.add_argument(
+        "--spacy-model",
+        type=Path,
+        default=os.environ.get("WEBSHOP_SPACY_MODEL")
+        or SHARED_DATA / "spacy" / "en_core_web_sm-3.8.0",
+        help="spaCy model folder (default $WEBSHOP_SPACY_MODEL or ../shared/data's copy)",
+    )
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        catalogue = load_small_catalogue(Path(tmp))
+    purchases = make_purchases(catalogue, args.goals, args.seed)
+    compared = make_purchases(catalogue, args.fidelity_goals, args.seed)
+    n = len(purchases)
+
+    model = SpacyNouns(args.spacy_model) if args.spacy_model.is_dir() else None
+    goal_module = (
+        import_stock_goal_module(args.webshop, args.spacy_model) if args.webshop and model else None
+    )
+    stock = goal_module.get_reward if goal_module else None
+
+    def ours(extractor):
+        return lambda p: webshop_reward(p[1], p[0], p[2], p[3], noun_extractor=extractor)
+
+    result: dict = {
+        "benchmark": "webshop_reward",
+        "command": "python benchmarks/bench_webshop_reward.py"
+        + (" --webshop WEBSHOP" if stock else "")
+        + f" --goals {args.goals} --fidelity-goals {args.fidelity_goals}"
+        + f" --repeats {args.repeats} --seed {args.seed}",
+        "timed_purchases": n,
+        "compared_purchases": len(compared),
+        "purchases_per_goal": "the goal's product with its options, 3 same category, 3 random",
+        "python": platform.python_version(),
+        "machine": f"{os.cpu_count()} cores, shared",
+    }
+
+    # FIDELITY ------------------------------------------------------------------------------
+    fallback, every_word = FallbackNouns(), EveryWord()
+    if model is not None:
+        model_rewards = [ours(model)(p)[0] for p in compared]
+        result["reward_changed_vs_model"] = {
+            name: sum(ours(ex)(p)[0] != r for p, r in zip(compared, model_rewards, strict=True))
+            / len(compared)
+            for name, ex in (("fallback", fallback), ("every_word", every_word))
+        }
+        result["spacy_model"] = args.spacy_model.name
+    if stock is not None:
+        import thefuzz
+
+        equal_total = equal_parts = 0
+        timed_nlp, goal_module.nlp = goal_module.nlp, MemoisedPipeline(goal_module.nlp)
+        for purchase in tqdm(compared, desc="WebShop vs ours", unit=" purchases"):
+            goal, product, price, options = purchase
+            stock_total, stock_info = stock(
+                product, goal, price=price, options=options, verbose=True
+            )
+            total, info = ours(model)(purchase)
+            equal_total += stock_total == total
+            equal_parts += all(info[k] == float(v) for k, v in stock_info.items())
+        goal_module.nlp = timed_nlp  # timing runs WebShop's pipeline as it is
+        result["fidelity_vs_webshop"] = {
+            "equal_total": equal_total / len(compared),
+            "equal_verbose_parts": equal_parts / len(compared),
+            "thefuzz": thefuzz.__version__,
+        }
+
+    # SPEED ---------------------------------------------------------------------------------
+    timers: dict[str, Callable[[], float]] = {
+        "ours_fallback_warm": lambda: time_pass(ours(fallback), purchases),
+        "ours_fallback_cold": lambda: time_pass(ours(FallbackNouns()), purchases),
+    }
+    if model is not None:
+        timers["ours_spacy_warm"] = lambda: time_pass(ours(model), purchases)
+        timers["ours_spacy_cold"] = lambda: time_pass(ours(SpacyNouns(args.spacy_model)), purchases)
+    if stock is not None:
+        timers["webshop_get_reward"] = lambda: time_pass(
+            lambda p: stock(p[1], p[0], price=p[2], options=p[3]), purchases
+        )
+    seconds: dict[str, list[float]] = {name: [] for name in timers}
+    for timer in timers.values():  # warm-up round, not recorded
+        timer()
+    for _ in tqdm(range(args.repeats), desc="timing rounds"):
+        for name, timer in timers.items():  # interleaved: every round sees the same load
+            seconds[name].append(timer())
+    speed = {name: statistics.median(values) * 1e6 for name, values in seconds.items()}
+    result["us_per_purchase_median"] = speed
+    if "webshop_get_reward" in speed:
+        result["speedup_vs_webshop"] = {
+            name: speed["webshop_get_reward"] / value
+            for name, value in speed.items()
+            if name != "webshop_get_reward"
+        }
+
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = RESULTS.with_suffix(".json.tmp")
+    tmp_out.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(tmp_out, RESULTS)
+
+    print(f"\n{len(compared)} compared purchases, {n} timed")
+    for key in ("fidelity_vs_webshop", "reward_changed_vs_model"):
+        if key in result:
+            print(f"{key}: {result[key]}")
+    print(f"{'measure':<22}{'us/purchase':>14}{'vs WebShop':>12}")
+    for name, value in speed.items():
+        ratio = result.get("speedup_vs_webshop", {}).get(name)
+        print(f"{name:<22}{value:>14.1f}{(f'{ratio:.0f}x' if ratio else ''):>12}")
+
+
+if __name__ == "__main__":
+    main()
