@@ -1,11 +1,100 @@
-"""``agentgym retrieval``: build search indexes and serve them."""
+"""``agentgym retrieval``: build search indexes and serve them.
+
+agentgym retrieval index --corpus wiki-18.jsonl --kind flat --encoder DIR --out idx/e5-flat
+agentgym retrieval index --corpus wiki-18.jsonl --kind bm25 --backend pyserini --out idx/bm25
+agentgym retrieval serve --index idx/e5-flat --port 8000
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from agentgym.retrieval.build import build_index
+    from agentgym.retrieval.corpus import CorpusFormatError
+
+    try:
+        meta = build_index(
+            args.corpus,
+            args.out,
+            args.kind,
+            encoder=args.encoder,
+            backend=args.backend,
+            shard_size=args.shard_size,
+            force=args.force,
+            device=args.device,
+            batch_size=args.batch_size,
+            show_progress=not args.quiet,
+        )
+    except (FileExistsError, FileNotFoundError, CorpusFormatError, ValueError) as e:
+        # user errors (finished index without --force, missing corpus or encoder, a bad line,
+        # changed settings on resume): one line, exit code 2 like argparse's usage errors
+        print(f"agentgym retrieval index: error: {e}", file=sys.stderr)
+        return 2
+    where = f", {meta.dim}-d, encoder {meta.encoder}" if meta.dense else f", {meta.backend}"
+    print(f"{meta.kind} index of {meta.num_docs} documents{where} -> {args.out}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from agentgym.retrieval.build import read_meta
+
+    try:
+        read_meta(args.index)  # fail fast, in one line, before the server's imports
+    except (FileNotFoundError, ValueError) as e:
+        print(f"agentgym retrieval serve: error: {e}", file=sys.stderr)
+        return 2
+    from agentgym.retrieval.server import serve
+
+    serve(
+        args.index,
+        host=args.host,
+        port=args.port,
+        encoder=args.encoder,
+        batch_wait_ms=args.batch_wait_ms,
+        max_batch_queries=args.max_batch,
+    )
+    return 0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add the ``retrieval`` command and its sub-commands to the main parser."""
     p = sub.add_parser("retrieval", help="build search indexes and serve them over HTTP")
-    p.add_subparsers(dest="retrieval_command", required=True)
+    rsub = p.add_subparsers(dest="retrieval_command", required=True)
+
+    pi = rsub.add_parser(
+        "index",
+        help="build a BM25 or dense index of a JSONL corpus (resumable)",
+        description="Build a search index of a Search-R1-format corpus (one "
+        '{"id", "contents"} JSON object per line). Rerunning a killed build resumes it from '
+        "its last finished shard; DIR/meta.json marks a finished index.",
+    )
+    pi.add_argument("--corpus", required=True, help="JSONL corpus (plain or .gz)")
+    pi.add_argument("--kind", choices=["flat", "hnsw", "ivfpq", "bm25"], default="flat")
+    pi.add_argument(
+        "--encoder",
+        default=None,
+        help="dense kinds: a sentence-transformers / transformers folder, or a hub name already "
+        "in the local cache (default intfloat/e5-base-v2)",
+    )
+    pi.add_argument("--backend", choices=["bm25s", "pyserini"], default="bm25s", help="bm25 only")
+    pi.add_argument("--out", required=True, help="index directory")
+    pi.add_argument("--force", action="store_true", help="rebuild over a finished index")
+    pi.add_argument(
+        "--shard-size", type=int, default=50_000, help="records per resumable shard (50000)"
+    )
+    pi.add_argument("--batch-size", type=int, default=256, help="encoder batch size (256)")
+    pi.add_argument("--device", default=None, help="encoder device (default: cuda if available)")
+    pi.add_argument("--quiet", action="store_true", help="no progress bar")
+    pi.set_defaults(func=cmd_index)
+
+    ps = rsub.add_parser("serve", help="serve an index over HTTP (POST /retrieve)")
+    ps.add_argument("--index", required=True, help="index directory built by `retrieval index`")
+    ps.add_argument("--host", default="127.0.0.1")
+    ps.add_argument("--port", type=int, default=8000)
+    ps.add_argument("--encoder", default=None, help="dense: override the index's encoder")
+    ps.add_argument("--batch-wait-ms", type=float, default=2.0, help="micro-batching window")
+    ps.add_argument("--max-batch", type=int, default=512, help="most queries per batch")
+    ps.set_defaults(func=cmd_serve)

@@ -150,6 +150,9 @@ class DenseIndex:
             train = _as_matrix(train_vectors, dim)
             nlist, m, bits = _ivfpq_shape(len(train), dim, nlist, pq_m)
             index = faiss.index_factory(dim, f"IVF{nlist},PQ{m}x{bits}", faiss.METRIC_INNER_PRODUCT)
+            # polysemous training only serves Hamming-filtered search, which we never use, and
+            # costs far more than the k-means itself
+            faiss.downcast_index(index).do_polysemous_training = False
             index.train(train)
         else:
             raise ValueError(f"unknown dense index kind {kind!r}; choose one of {KINDS}")

@@ -24,6 +24,21 @@ MINILM_DIR = SHARED_DATA / "encoders" / "all-MiniLM-L6-v2"
 CORPUS_PASSAGES = 2000
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models and small indexes run fastest on one thread (torch, FAISS's OpenMP), and much
+    slower on several when the CPU is shared with other work."""
+    import faiss
+    import torch
+
+    threads, omp = torch.get_num_threads(), faiss.omp_get_max_threads()
+    torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    faiss.omp_set_num_threads(omp)
+
+
 @pytest.fixture(scope="session")
 def corpus_path(tmp_path_factory) -> Path:
     """A synthetic wiki-18-format corpus of 2000 passages (JSONL)."""
