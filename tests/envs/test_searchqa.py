@@ -4,6 +4,7 @@ LLM wrapper end to end."""
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 import random
@@ -14,6 +15,8 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import agentgym
 from agentgym.core import ResetOptionError
@@ -650,3 +653,32 @@ def test_llm_wrapper_turn_limit_counts_unparseable_responses():
     env.reset(seed=0)
     flags = [env.step("I don't know the format")[2:4] for _ in range(4)]
     assert flags == [(False, False)] * 3 + [(False, True)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.one_of(
+        st.text(max_size=80),
+        st.builds(lambda v, c: f"{v}[{c}]", st.sampled_from(["search", "answer", "ask", ""]),
+                  st.text(max_size=40)),
+    )
+)  # fmt: skip
+def test_any_text_action_is_handled(action):
+    env = _fuzz_env()
+    obs, info = env.reset(options={"task": 0})
+    key = info["state_key"]
+    obs, reward, terminated, truncated, info = env.step(action)
+    assert env.observation_space.contains(obs)
+    parsed = parse_qa_action(action)
+    assert info["action_valid"] is (not isinstance(parsed, str))
+    if isinstance(parsed, str):
+        assert info["state_key"] == key and reward == 0.0 and not terminated
+    elif parsed[0] == "answer":
+        assert terminated and reward in (0.0, 1.0)
+    else:
+        assert obs.startswith("<information>") and obs.endswith("</information>")
+
+
+@functools.cache
+def _fuzz_env() -> SearchQAEnv:
+    return SearchQAEnv(synthetic=True)  # one env for every example (hypothesis and fixtures)
