@@ -391,6 +391,8 @@ def test_token_set_ratio_equals_thefuzz_on_webshops_option_pairs():
         (("color", "café"), "cafe"),
         (("size", "7.5"), "7"),
         (None, "x"),
+        (("size", 1), "1"),
+        (("size", 1.0), "1"),  # equal keys for a cache, different text
         ("", ""),
         ("!!", "??"),
     ]

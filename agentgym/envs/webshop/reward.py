@@ -115,10 +115,10 @@ _fuzz_process_cached = lru_cache(maxsize=_CACHE_SIZE)(_fuzz_process_uncached)
 
 
 def _fuzz_process(value: Any) -> str:
-    try:
+    # only plain strings are cached: 1 == 1.0 == True would share a cache entry but not a str()
+    if type(value) is str:
         return _fuzz_process_cached(value)
-    except TypeError:  # unhashable (a list where a string belongs): same text, not cached
-        return _fuzz_process_uncached(value)
+    return _fuzz_process_uncached(value)
 
 
 @lru_cache(maxsize=_CACHE_SIZE)
