@@ -15,12 +15,25 @@ Backends (``backend=``):
 - ``"inprocess"`` (default): envs live in this process. Text env steps take micro- to milliseconds,
   so inter-process hops cost more than they save for light envs.
 - ``"process"``: envs are split over ``num_workers`` worker processes that step their share in
-  parallel; for heavy envs (real ALFWorld, WebShop's search engine).
+  parallel; for heavy envs (real ALFWorld, WebShop's search engine). Workers are fresh
+  interpreters that import only agentgym (and the user's script only when an env or wrapper
+  class is defined there), so scripts work without an ``if __name__ == "__main__":`` guard;
+  they run in their own process group and ignore SIGINT, so Ctrl-C reaches only the caller.
 - ``"ray"``: the same shards as Ray actors, spread over the machines of a Ray cluster.
 
-With ``"process"`` and ``"ray"``, a worker that dies (killed, out of memory, a segfault in a
-simulator) is replaced; the episodes it held end with ``truncated=True`` and
-``info["truncation_reason"]`` saying why; nothing hangs.
+Faults (``"process"`` and ``"ray"`` alike):
+
+- A worker that dies (killed, out of memory, a segfault in a simulator) or does not answer
+  within ``step_timeout`` (one deadline for all workers of a call) ends the episodes it held
+  with ``truncated=True`` and ``info["truncation_reason"]`` saying why; a fresh worker starts at
+  once and takes those envs at the next reset. Nothing hangs.
+- An env that raises ends its own episode the same way; the other envs take their step; then
+  :class:`EnvError` names the env (index and group) and the cause. In ``reset``, the error is
+  raised after every env has answered, and ``step`` asks for another reset.
+- An action that cannot be pickled is an invalid step, as in-process.
+- After ``KeyboardInterrupt`` in ``step``, the next call must be ``reset`` (the records no
+  longer say which envs stepped); replies of the abandoned call are recognised and dropped.
+- After ``close()``, ``reset`` / ``step`` / ``call`` raise ``ClosedEnvironmentError``.
 """
 
 from __future__ import annotations
@@ -368,8 +381,10 @@ def _worker_main(fd: int) -> None:
             _IMPORTING_MAIN_IN_WORKER = False
         host = _EnvHost(pickle.loads(factory_bytes), num_envs)
     except BaseException as exc:  # noqa: BLE001 - report construction errors, then exit
-        msg = exc.args[0] if isinstance(exc, _BootstrapError) else traceback.format_exc()
-        conn.send((0, "error", msg))
+        if isinstance(exc, _BootstrapError):
+            conn.send((0, "bootstrap", exc.args[0]))
+        else:
+            conn.send((0, "error", traceback.format_exc()))
         return
     conn.send((0, "ready", None))
     while True:
@@ -414,7 +429,13 @@ class _ProcessBackend(_ShardedBackend):
 
     def __init__(self, factory: EnvFactory, num_envs: int, num_workers: int | None, timeout: float):
         super().__init__(factory, num_envs, num_workers, timeout)
-        self.factory_bytes = pickle.dumps(factory)
+        try:
+            self.factory_bytes = pickle.dumps(factory)
+        except Exception as exc:  # noqa: BLE001 - pickle raises several types
+            raise TypeError(
+                "backend='process' sends env_kwargs and wrappers to worker processes, so they "
+                f"must pickle (module-level classes and functions, no lambdas): {exc}"
+            ) from exc
         main = sys.modules.get("__main__")
         main_path = getattr(main, "__file__", None)
         # Only import the user's script in workers when the envs need something defined there.
@@ -465,18 +486,29 @@ class _ProcessBackend(_ShardedBackend):
             return
         # building envs may load data (ALFWorld games, an index): allow more than a step
         answers = self._wait(waiting, time.monotonic() + max(self.timeout, 600.0))
-        errors = []
+        errors: dict[str, list[int]] = {}  # what went wrong -> the workers it happened to
         for w, out in answers.items():
             self.booting.discard(w)
             if isinstance(out, WorkerDied):
-                errors.append(f"env worker {w} {out.args[0]} while building its envs")
+                errors.setdefault(f"{out.args[0]} while building its envs", []).append(w)
+            elif out[1] == "bootstrap":  # one line that says what to change in the script
+                errors.setdefault(f"failed to build its envs: {out[2]}", []).append(w)
             elif out[1] != "ready":
-                errors.append(f"env worker {w} failed to build its envs:\n{out[2]}")
+                errors.setdefault(f"failed to build its envs:\n{out[2]}", []).append(w)
         if errors:
-            if not building:
-                for w in answers:
-                    self._restart(w)
-            raise RuntimeError("\n".join(errors))
+            if not building:  # leave no dead connection behind: the next reset tries again
+                for ws in errors.values():
+                    for w in ws:
+                        self._restart(w)
+            raise RuntimeError(
+                "\n".join(
+                    f"env worker {ws[0]} {what}"
+                    if len(ws) == 1
+                    else f"env workers {', '.join(map(str, sorted(ws)))} "
+                    + what.replace(" its envs", " their envs")
+                    for what, ws in errors.items()
+                )
+            )
 
     def _submit(self, w: int, cmd: str, payload: list[tuple]) -> int:
         self.seq += 1
@@ -682,12 +714,13 @@ class GroupVectorEnv(gym.vector.VectorEnv):
             registered only in this process: workers rebuild them from the spec's entry point).
         num_groups: how many distinct tasks per reset.
         group_size: trajectories per task (GiGPO / GRPO's group size ``N``).
-        backend: ``"inprocess"`` (default) or ``"process"``.
-        num_workers: worker processes for ``backend="process"`` (default: CPU count).
+        backend: ``"inprocess"`` (default), ``"process"`` or ``"ray"``.
+        num_workers: worker processes / Ray actors (default: CPU count, at most one per env).
         env_kwargs: keyword arguments for ``gym.make(env_id, ...)``.
         wrappers: ``(wrapper_class, kwargs)`` pairs applied to every env in order (e.g. the LLM
             prompt/parse wrappers); picklable so that workers can build them.
-        step_timeout: seconds a worker may take to answer before it is declared dead.
+        step_timeout: seconds every worker has to answer one ``reset`` / ``step`` (one deadline
+            for all of them); a worker still silent then is killed and its episodes end.
         ray_options: for ``backend="ray"``: actor options (``num_cpus``, ``resources``...).
 
     Batched results are lists / arrays of length ``num_envs = num_groups * group_size``:

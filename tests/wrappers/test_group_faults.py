@@ -296,6 +296,44 @@ def test_script_with_main_guard_runs(tmp_path):
     assert "episodes 4 done True" in out
 
 
+SCRIPT_WITH_ITS_OWN_WRAPPER = """
+import gymnasium as gym
+from agentgym import GroupVectorEnv
+
+
+class Shout(gym.ObservationWrapper):  # defined in the script: workers must import it
+    def observation(self, obs):
+        return obs.upper()
+
+
+def main():
+    vec = GroupVectorEnv("AgentGym/Corridor-v0", num_groups=1, group_size=2,
+                         backend="process", num_workers=2, wrappers=[(Shout, {{}})])
+    obs, _ = vec.reset(seed=0)
+    print("upper", all(o == o.upper() for o in obs))
+    vec.close()
+
+
+{call}
+"""
+
+
+def test_script_defining_its_own_wrapper_needs_the_guard_and_says_so(tmp_path):
+    guarded = 'if __name__ == "__main__":\n    main()'
+    proc = _run_script(tmp_path, SCRIPT_WITH_ITS_OWN_WRAPPER.format(call=guarded))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "upper True" in out
+
+    proc = _run_script(tmp_path, SCRIPT_WITH_ITS_OWN_WRAPPER.format(call="main()"))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert err.count("Traceback") == 1, err  # the script's own; the workers print nothing
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: env workers 0, 1 failed to build their envs: "), last
+    assert 'if __name__ == "__main__":' in last
+
+
 # ----------------------------------------------------------------------------------------------
 # 6. Ctrl-C during a process-backend rollout
 # ----------------------------------------------------------------------------------------------
