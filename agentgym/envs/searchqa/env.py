@@ -178,7 +178,8 @@ class SearchQAEnv(TextEnv):
     **Observations.** ``reset`` returns the question text (the prompt template, e.g. the LLM
     wrapper's ``"search"`` template, adds the instructions). A search returns the top ``topk``
     passages exactly as Search-R1 shows them: ``<information>Doc 1(Title: "...") text\\nDoc
-    2(Title: "...") text</information>`` (titles keep the quotes of the corpus' first line).
+    2(Title: "...") text</information>`` (titles keep the quotes of the corpus' first line;
+    the block without the blank lines Search-R1 puts around it, as verl-agent strips them).
     An answer ends the episode with an empty observation, as Search-R1 appends nothing after it.
 
     **Actions.** ``search[<query>]`` and ``answer[<text>]`` (what the LLM wrapper's
