@@ -59,12 +59,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentgym.retrieval.base import Hit, Retriever
 
-__all__ = ["BackgroundServer", "create_app", "serve", "serve_in_thread"]
+__all__ = ["BackgroundServer", "create_app", "describe_retriever", "serve", "serve_in_thread"]
 
 logger = logging.getLogger("agentgym.retrieval.server")
 
@@ -460,19 +461,28 @@ def create_app(
         finally:
             await batcher.stop()
 
-    app = FastAPI(title="agentgym retrieval server", lifespan=lifespan)
-
-    @app.post("/retrieve")
-    async def retrieve(request: Request) -> Response:
+    async def retrieve(scope: Scope, receive: Receive, send: Send) -> None:
         # The body is read and checked by hand (not a pydantic model) so that every mistake
         # gets one plain message and no value is silently coerced.
         try:
-            body = await _read_body(request, limits.max_body_bytes)
+            body = await _receive_body(scope, receive, limits.max_body_bytes)
             query = parse_request(body, limits)
         except _BadRequest as e:
-            return Response(_error_body(str(e)), status_code=e.status, media_type=_JSON)
-        status, payload = await state["batcher"].submit(query)
-        return Response(payload, status_code=status, media_type=_JSON)
+            status, payload = e.status, _error_body(str(e))
+        except _ClientGone:
+            return
+        else:
+            status, payload = await state["batcher"].submit(query)
+        # (uvicorn drops the answer quietly if the client has gone away meanwhile)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(payload)),
+        ]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+    app = _RetrievalApp(retrieve, title="agentgym retrieval server", lifespan=lifespan)
+    description = describe_retriever(retriever)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -480,6 +490,7 @@ def create_app(
             {
                 "status": "ok",
                 "retriever": type(retriever).__name__,
+                "serving": description,
                 "max_batch_queries": max_batch_queries,
                 "batch_wait_ms": batch_wait_ms,
                 "default_topk": default_topk,
@@ -498,19 +509,56 @@ def create_app(
     return app
 
 
-async def _read_body(request: Request, max_bytes: int) -> bytes:
+class _ClientGone(Exception):
+    """The client disconnected before its request body arrived."""
+
+
+async def _receive_body(scope: Scope, receive: Receive, max_bytes: int) -> bytes:
     """The request body, refused with a 413 as soon as it grows past ``max_bytes``."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise _BadRequest(413, f"body of {declared} bytes is over this server's {max_bytes}")
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.isdigit() and int(value) > max_bytes:
+            raise _BadRequest(
+                413, f"body of {value.decode()} bytes is over this server's {max_bytes}"
+            )
     chunks = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > max_bytes:
             raise _BadRequest(413, f"body is over this server's {max_bytes} bytes")
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+class _RetrievalApp(FastAPI):
+    """A FastAPI app that answers ``POST /retrieve`` straight from the ASGI call.
+
+    FastAPI's routing, request and response objects cost more CPU per request than the search
+    itself does per query in a large batch, and the server's throughput is bound by that
+    per-request work; so ``/retrieve`` skips them (middleware added to the app does not see it).
+    Everything else (``/health``, 404s, 405s, the lifespan) goes through FastAPI as usual.
+    """
+
+    def __init__(self, retrieve: ASGIApp, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._retrieve = retrieve
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/retrieve":
+            if scope["method"] == "POST":
+                await self._retrieve(scope, receive, send)
+            else:
+                body = _error_body(f"use POST for /retrieve, not {scope['method']}")
+                headers = [(b"content-type", b"application/json"), (b"allow", b"POST")]
+                await send({"type": "http.response.start", "status": 405, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+            return
+        await super().__call__(scope, receive, send)
 
 
 class BackgroundServer:
@@ -563,6 +611,23 @@ def serve_in_thread(
     return BackgroundServer(server, thread, f"http://{host}:{bound_port}")
 
 
+def describe_retriever(retriever: Retriever) -> list[str]:
+    """Lines saying what ``retriever`` searches and how: its documents, index (with the search
+    path it runs, e.g. FAISS on CPU or torch on GPU) and encoder, as far as it exposes them."""
+    lines = []
+    documents = getattr(retriever, "documents", None)
+    if documents is not None and hasattr(documents, "__len__"):
+        lines.append(f"documents: {len(documents):,}")
+    for part in ("index", "encoder"):
+        obj = getattr(retriever, part, None)
+        if obj is not None:
+            lines.append(f"{part}: {obj!r}")
+    search_path = getattr(getattr(retriever, "index", None), "search_path", None)
+    if search_path is not None:
+        lines.append(f"search path: {search_path}")
+    return lines or [repr(retriever)]
+
+
 def serve(
     index_dir: str | Path,
     *,
@@ -589,11 +654,11 @@ def serve(
     t0 = time.perf_counter()
     retriever = open_retriever(index_dir, encoder=encoder)
     logger.info(
-        "serving %s from %s (loaded in %.1f s): %r",
+        "serving %s from %s (loaded in %.1f s)%s",
         type(retriever).__name__,
         index_dir,
         time.perf_counter() - t0,
-        retriever,
+        "".join(f"\n  {line}" for line in describe_retriever(retriever)),
     )
     logger.info(
         "micro-batching %s (max %d queries per search, %.1f ms window); POST http://%s:%d/retrieve",

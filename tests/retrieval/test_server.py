@@ -373,10 +373,6 @@ def _free_port() -> int:
 
 def test_cli_serve_answers_over_a_built_bm25_index(tmp_path: Path, corpus_path: Path):
     from agentgym.retrieval import open_retriever
-    from agentgym.retrieval.cli import add_parser
-
-    if "serve" not in add_parser.__code__.co_consts:  # TODO remove once the commands are in
-        pytest.skip("`agentgym retrieval serve` is not wired yet")
 
     index_dir = tmp_path / "bm25"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
