@@ -226,17 +226,17 @@ def build_index(
         start = min(docs_shards, emb_shards)
         if start:
             _log(f"resuming at shard {start} ({start * shard_size} of {total} documents done)")
-        bar = _progress(total, min(start * shard_size, total), "documents", show_progress)
         shard_index = start
-        for shard in _shards(iter_corpus(corpus, start=start * shard_size), shard_size):
-            if writer is not None and shard_index >= writer.num_shards:
-                writer.write_shard(shard)
-            if dense and shard_index >= emb_shards:
-                vectors = enc.encode_passages([r["contents"] for r in shard])  # type: ignore[union-attr]
-                atomic_save_npy(emb_dir / _emb_name(shard_index), vectors)
-            shard_index += 1
-            bar.update(len(shard))
-        bar.close()
+        with _progress(total, min(start * shard_size, total), "documents", show_progress) as bar:
+            for shard in _shards(iter_corpus(corpus, start=start * shard_size), shard_size):
+                if writer is not None and shard_index >= writer.num_shards:
+                    writer.write_shard(shard)
+                if dense and shard_index >= emb_shards:
+                    texts = [r["contents"] for r in shard]
+                    vectors = enc.encode_passages(texts)  # type: ignore[union-attr]
+                    atomic_save_npy(emb_dir / _emb_name(shard_index), vectors)
+                shard_index += 1
+                bar.update(len(shard))
         if writer is not None:
             writer.close()
     store = DocStore(docs_dir)
@@ -357,11 +357,10 @@ def _build_dense(
             ]
         )
     index = DenseIndex.new(kind, dim, train_vectors=train, search_path="faiss-cpu")
-    bar = _progress(num_docs, 0, "vectors", show_progress)
-    for shard in shards:
-        index.add(np.asarray(shard))
-        bar.update(len(shard))
-    bar.close()
+    with _progress(num_docs, 0, "vectors", show_progress) as bar:
+        for shard in shards:
+            index.add(np.asarray(shard))
+            bar.update(len(shard))
     index.save(path)
     return dim
 

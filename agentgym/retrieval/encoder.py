@@ -66,6 +66,19 @@ def _word_dim(word: Any) -> int:
     return int(get())
 
 
+def _check_source(name: str) -> None:
+    """Refuse a folder that does not exist or holds no model (hub names are checked on load)."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not ((path / "modules.json").is_file() or (path / "config.json").is_file()):
+            raise EncoderNotFoundError(
+                f"{path} is a folder but holds no model (no modules.json or config.json); pass a "
+                "sentence-transformers or transformers model folder"
+            )
+    elif name.startswith((".", "/", "~")) or name.count("/") > 1:  # a path, not "org/model"
+        raise EncoderNotFoundError(f"encoder folder {path} not found")
+
+
 class Encoder:
     """Encode queries and passages into L2-normalised float32 vectors.
 
@@ -92,6 +105,7 @@ class Encoder:
         show_progress: bool = False,
     ) -> None:
         self.name = os.fspath(name_or_path)
+        _check_source(self.name)  # before importing torch: a typo fails in milliseconds
         self.device = _resolve_device(device)
         self.batch_size = batch_size
         self.max_length = max_length
@@ -112,18 +126,11 @@ class Encoder:
         if path.is_dir():
             if (path / "modules.json").is_file():
                 return SentenceTransformer(str(path), device=device, local_files_only=True)
-            if (path / "config.json").is_file():
-                # a plain transformers model: E5's pooling (mean over the mask) + unit norm
-                transformer, pooling, normalize = st_modules()
-                word = transformer(str(path), max_seq_length=max_length)
-                pool = pooling(_word_dim(word), pooling_mode="mean")
-                return SentenceTransformer(modules=[word, pool, normalize()], device=device)
-            raise EncoderNotFoundError(
-                f"{path} is a folder but holds no model (no modules.json or config.json); pass a "
-                "sentence-transformers or transformers model folder"
-            )
-        if name.startswith((".", "/", "~")) or name.count("/") > 1:  # a path, not "org/model"
-            raise EncoderNotFoundError(f"encoder folder {path} not found")
+            # a plain transformers model: E5's pooling (mean over the mask) + unit norm
+            transformer, pooling, normalize = st_modules()
+            word = transformer(str(path), max_seq_length=max_length)
+            pool = pooling(_word_dim(word), pooling_mode="mean")
+            return SentenceTransformer(modules=[word, pool, normalize()], device=device)
         try:
             return SentenceTransformer(name, device=device, local_files_only=True)
         except (OSError, ValueError) as e:
