@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -79,13 +80,22 @@ _NUMERIC = r"\p{WB=Numeric}"
 _EXTEND_NUM_LET = r"\p{WB=ExtendNumLet}"  # "_" and other connectors join anything
 _MID_LETTER = r"[\p{WB=MidLetter}\p{WB=MidNumLet}\p{WB=Single_Quote}]"  # "can't", "u.s.a"
 _MID_NUM = r"[\p{WB=MidNum}\p{WB=MidNumLet}\p{WB=Single_Quote}]"  # "3.14", "1,000"
-_WORD_CHAR = rf"[{_ALETTER}{_NUMERIC}{_EXTEND_NUM_LET}{_EXT}]"
-# A word: letters/digits/connectors, with a mid-letter mark kept only between two letters
-# (WB6/7) and a mid-number mark only between two digits (WB11/12); at least one letter or digit.
+_ALNUM = rf"[{_ALETTER}{_NUMERIC}]"
+_ALNUM_EXT = rf"[{_ALETTER}{_NUMERIC}{_EXT}]"
+# Letters/digits, with a mid-letter mark kept only between two letters (WB6/7: "can't", "u.s.a")
+# and a mid-number mark only between two digits (WB11/12: "3.14", "1,000").
+_ALNUM_RUN = (
+    rf"{_ALNUM}{_ALNUM_EXT}*"
+    rf"(?:(?<={_ALETTER}[{_EXT}]*){_MID_LETTER}(?=[{_EXT}]*{_ALETTER}){_ALNUM_EXT}+"
+    rf"|(?<={_NUMERIC}[{_EXT}]*){_MID_NUM}(?=[{_EXT}]*{_NUMERIC}){_ALNUM_EXT}+)*"
+)
+_KATAKANA_RUN = rf"\p{{WB=Katakana}}[\p{{WB=Katakana}}{_EXT}]*"
+_CONNECTOR_RUN = rf"[{_EXTEND_NUM_LET}][{_EXTEND_NUM_LET}{_EXT}]*"
+# A word: letter/digit runs and katakana runs, glued by connectors (WB13a/b: "foo_bar", "ア_b");
+# connectors alone make no word.
 _WORD = (
-    rf"(?=[{_EXTEND_NUM_LET}]*[{_ALETTER}{_NUMERIC}]){_WORD_CHAR}+"
-    rf"(?:(?<={_ALETTER}[{_EXT}]*){_MID_LETTER}(?=[{_EXT}]*{_ALETTER}){_WORD_CHAR}+"
-    rf"|(?<={_NUMERIC}[{_EXT}]*){_MID_NUM}(?=[{_EXT}]*{_NUMERIC}){_WORD_CHAR}+)*"
+    rf"(?:{_CONNECTOR_RUN})?(?:{_ALNUM_RUN}|{_KATAKANA_RUN})"
+    rf"(?:{_CONNECTOR_RUN}(?:{_ALNUM_RUN}|{_KATAKANA_RUN})?)*"
 )
 # Unicode's Extended_Pictographic (emoji-data.txt; the regex module's own table is incomplete):
 # Lucene emits each pictograph (with its variation selector / skin tone / ZWJ sequence) as a token.
@@ -103,17 +113,20 @@ _PICTOGRAPHIC = (
     "\U0001f85a-\U0001f85f\U0001f888-\U0001f88f\U0001f8ae-\U0001f8ff\U0001f90c-\U0001f93a"
     "\U0001f93c-\U0001f945\U0001f947-\U0001faff\U0001fc00-\U0001fffd"
 )
-_EMOJI_TAIL = "[\ufe0f\U0001f3fb-\U0001f3ff]*"  # presentation selector, skin tones
+# Skin-tone modifiers stand alone as tokens too; after a character they cling to it (Extend).
+_EMOJI_BASE = f"[{_PICTOGRAPHIC}\U0001f3fb-\U0001f3ff]"
 _EMOJI = (
-    rf"[{_PICTOGRAPHIC}]{_EMOJI_TAIL}(?:\u200d[{_PICTOGRAPHIC}]{_EMOJI_TAIL})*"
+    # a pictograph, its selector/skin tone/format characters, ZWJ-joined pictographs, and any
+    # trailing format characters (a ZWJ that joins nothing included)
+    rf"\u200d*{_EMOJI_BASE}[\p{{WB=Extend}}\p{{WB=Format}}]*"
+    rf"(?:\u200d{_EMOJI_BASE}[\p{{WB=Extend}}\p{{WB=Format}}]*)*[{_EXT}]*"
     r"|[#*0-9]\ufe0f?\u20e3"  # keycaps
     r"|[\U0001f1e6-\U0001f1ff]{2}"  # flags: regional-indicator pairs
 )
 _TOKEN_RE = regex.compile(
     rf"{_EMOJI}"
     rf"|{_WORD}"
-    rf"|(?=[{_EXTEND_NUM_LET}]*\p{{WB=Katakana}})[\p{{WB=Katakana}}{_EXTEND_NUM_LET}{_EXT}]+"  # Katakana runs
-    r"|[\p{Han}\p{Hiragana}]"  # ideographs and hiragana: one token per character
+    rf"|[\p{{Han}}\p{{Hiragana}}][{_EXT}]*"  # ideographs, hiragana: one token per character
     r"|\p{LB=SA}+",  # South-East Asian scripts (Thai, Lao, ...): whole runs, no dictionary
     flags=regex.V1,
 )
@@ -124,12 +137,28 @@ _POSSESSIVE_SUFFIXES = ("'s", "\u2019s", "\uff07s")
 _MAX_TOKEN_LENGTH = 255
 
 
+# The same rules restricted to ASCII, for the stdlib engine (several times faster than the full
+# Unicode pattern): in ASCII, letters are [a-z] once lower-cased, digits [0-9], "_" the connector,
+# ":" / "." / "'" join letters and "," / ";" / "." / "'" join digits.
+_ASCII_TOKEN_RE = re.compile(
+    r"_*[a-z0-9]\w*(?:(?<=[a-z])[:.'](?=[a-z])\w+|(?<=[0-9])[,;.'](?=[0-9])\w+)*", re.ASCII
+)
+# Whitespace always breaks words, so a text splits into whitespace-delimited runs that hold
+# non-ASCII characters (full pattern) and the ASCII stretches between them (fast pattern).
+_NON_ASCII_RUN = re.compile(r"(\S*[^\x00-\x7f]\S*)")
+
+
 def _raw_tokens(text: str) -> list[str]:
     """Lower-cased StandardTokenizer tokens of ``text`` (before possessive/stop/stem)."""
-    if not text.isascii():
-        text = text.translate(_JAVA_LOWER_FIX)
-    tokens = _TOKEN_RE.findall(text.lower())
-    if any(len(t) > _MAX_TOKEN_LENGTH for t in tokens):
+    if text.isascii():
+        tokens = _ASCII_TOKEN_RE.findall(text.lower())
+    else:
+        text = text.translate(_JAVA_LOWER_FIX).lower()
+        tokens = []
+        for i, part in enumerate(_NON_ASCII_RUN.split(text)):
+            if part:
+                tokens += (_TOKEN_RE if i % 2 else _ASCII_TOKEN_RE).findall(part)
+    if tokens and max(map(len, tokens)) > _MAX_TOKEN_LENGTH:
         tokens = [
             t[i : i + _MAX_TOKEN_LENGTH]
             for t in tokens
@@ -337,14 +366,12 @@ class _Vocabulary:
     def encode(self, raw_tokens: list[str], *, grow: bool) -> np.ndarray:
         """Term ids of ``raw_tokens``; unknown terms (``grow=False``) and stop words are -1."""
         raw_ids = self._raw_ids
-        n_before = len(raw_ids)
-        ids = np.fromiter(
-            (raw_ids.setdefault(t, len(raw_ids)) for t in raw_tokens),
-            dtype=np.int64,
-            count=len(raw_tokens),
-        )
-        if len(raw_ids) > n_before:
-            new_raw = list(raw_ids)[n_before:]
+        # distinct new tokens in first-seen order (deterministic ids), found at C speed
+        new_raw = [t for t in dict.fromkeys(raw_tokens) if t not in raw_ids]
+        if new_raw:
+            raw_ids.update(
+                zip(new_raw, range(len(raw_ids), len(raw_ids) + len(new_raw)), strict=True)
+            )
             mapped = np.full(len(new_raw), -1, dtype=np.int64)
             for j, term in enumerate(_terms_of_raw(new_raw)):
                 if term is None:
@@ -355,6 +382,9 @@ class _Vocabulary:
                 if tid is not None:
                     mapped[j] = tid
             self._raw_to_term = np.concatenate([self._raw_to_term, mapped])
+        ids = np.fromiter(
+            map(raw_ids.__getitem__, raw_tokens), dtype=np.int64, count=len(raw_tokens)
+        )
         if not grow and len(raw_ids) > 200_000:
             # queries must not grow the cache without bound in a long-lived server
             self._raw_ids, self._raw_to_term = {}, np.empty(0, dtype=np.int64)
