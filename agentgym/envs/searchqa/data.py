@@ -106,45 +106,79 @@ def resolve_data_file(data: str | os.PathLike[str], split: str | None) -> Path:
     raise FileNotFoundError(f"question file {path} not found; pass data= a parquet or JSONL file")
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+def _parquet_columns(path: Path) -> dict[str, list[Any] | None]:
+    """Column-wise read: pyarrow converts whole columns in C, with no per-row dicts."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
 
-        schema = pq.read_schema(path)
-        wanted = [
-            c
-            for c in ("id", "question", "golden_answers", "data_source", "split", "prompt")
-            + ("reward_model", "extra_info")
-            if c in schema.names
-        ]
-        if "question" not in wanted and "prompt" not in wanted:
-            raise ValueError(
-                f"{path} has no 'question' (or 'prompt') column; columns are {schema.names}. "
-                "Write it as Search-R1's scripts/data_process/nq_search.py does."
-            )
-        if "question" in wanted and "prompt" in wanted:
-            wanted.remove("prompt")  # prompts are long; the question column says it all
-        return pq.read_table(path, columns=wanted).to_pylist()
-    rows = []
+    names = pq.read_schema(path).names
+    if "question" not in names and "prompt" not in names:
+        raise ValueError(
+            f"{path} has no 'question' (or 'prompt') column; columns are {names}. "
+            "Write it as Search-R1's scripts/data_process/nq_search.py does."
+        )
+    wanted = ["question" if "question" in names else "prompt"]
+    wanted += [c for c in ("golden_answers", "data_source", "id", "split") if c in names]
+    if "golden_answers" not in names and "reward_model" in names:
+        wanted.append("reward_model")
+    if "extra_info" in names:
+        wanted.append("extra_info")
+    table = pq.read_table(path, columns=wanted)
+
+    def field(column: str, *path_: str) -> list[Any] | None:
+        if column not in table.column_names:
+            return None
+        array = table.column(column)
+        try:
+            for name in path_:
+                array = pc.struct_field(array, name)
+        except (KeyError, ValueError, TypeError):  # pyarrow.ArrowInvalid is a ValueError
+            return None
+        return array.to_pylist()
+
+    return {
+        "question": field("question"),
+        "prompt": field("prompt"),
+        "golden_answers": field("golden_answers"),
+        "target": field("reward_model", "ground_truth", "target"),
+        "data_source": field("data_source"),
+        "id": field("id"),
+        "index": field("extra_info", "index"),
+        "split": field("split") or field("extra_info", "split"),
+    }
+
+
+def _jsonl_columns(path: Path) -> dict[str, list[Any] | None]:
     with open(path, encoding="utf-8") as f:
         text = f.read()
     if path.suffix == ".json" and text.lstrip().startswith("["):
-        return json.loads(text)
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: not a JSON record ({exc.msg})") from None
-    return rows
+        rows = json.loads(text)
+    else:
+        rows = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not a JSON record ({exc.msg})") from None
+    extra = [r.get("extra_info") if isinstance(r.get("extra_info"), dict) else {} for r in rows]
+    truth = [((r.get("reward_model") or {}).get("ground_truth") or {}) for r in rows]
+    cols: dict[str, list[Any] | None] = {
+        "question": [r.get("question") for r in rows],
+        "prompt": [r.get("prompt") for r in rows],
+        "golden_answers": [r.get("golden_answers") for r in rows],
+        "target": [t.get("target") for t in truth],
+        "data_source": [r.get("data_source") for r in rows],
+        "id": [r.get("id") for r in rows],
+        "index": [e.get("index") for e in extra],
+        "split": [r.get("split", e.get("split")) for r, e in zip(rows, extra, strict=True)],
+    }
+    return {k: (v if any(x is not None for x in v) else None) for k, v in cols.items()}
 
 
-def _question_of(row: dict[str, Any]) -> str | None:
-    q = row.get("question")
-    if isinstance(q, str) and q.strip():
-        return q.strip()
-    prompt = row.get("prompt")
+def _question_from_prompt(prompt: Any) -> str | None:
+    """The question at the end of Search-R1's prompt (``... Question: <question>\n``)."""
     if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict):
         content = str(prompt[-1].get("content", ""))
         if "Question:" in content:
@@ -152,48 +186,58 @@ def _question_of(row: dict[str, Any]) -> str | None:
     return None
 
 
-def _answers_of(row: dict[str, Any]) -> list[str]:
-    if row.get("golden_answers") is not None:
-        return as_answer_list(row["golden_answers"])
-    target = ((row.get("reward_model") or {}).get("ground_truth") or {}).get("target")
-    return as_answer_list(target)
-
-
-def _split_of(row: dict[str, Any]) -> str | None:
-    split = row.get("split")
-    if split is None and isinstance(row.get("extra_info"), dict):
-        split = row["extra_info"].get("split")
-    return str(split) if split is not None else None
+def _answer_tuple(golden: Any) -> tuple[str, ...]:
+    if type(golden) is list and all(type(a) is str for a in golden):
+        return tuple(golden)  # the common case, from a list column: no conversion needed
+    return tuple(as_answer_list(golden))
 
 
 def _parse(path: Path, split: str | None, file_is_split: bool) -> QADataset:
-    rows = _read_rows(path)
+    cols = _parquet_columns(path) if path.suffix == ".parquet" else _jsonl_columns(path)
+    n = len(next(v for v in cols.values() if v is not None)) if any(cols.values()) else 0
+    keep = range(n)
     if split is not None and not file_is_split:
-        row_splits = [_split_of(r) for r in rows]
-        if all(s is None for s in row_splits):
+        if cols["split"] is None:
             raise ValueError(
                 f"{path} has no split column (split / extra_info.split), so split={split!r} "
                 "cannot select rows; pass split=None to use every row, or a folder holding "
                 f"{split}.parquet"
             )
         names = set(_split_names(split))
-        rows = [r for r, s in zip(rows, row_splits, strict=True) if s in names]
-    ids, questions, answers, sources = [], [], [], []
-    for row_number, row in enumerate(rows):
-        question = _question_of(row)
-        if question is None:
-            raise ValueError(f"{path}: row {row_number} has no question text")
-        source = str(row.get("data_source") or path.stem)
-        raw_id = row.get("id")
-        if raw_id is None and isinstance(row.get("extra_info"), dict):
-            raw_id = row["extra_info"].get("index")
-        ids.append(f"{source}/{raw_id if raw_id is not None else row_number}")
-        questions.append(question)
-        answers.append(tuple(_answers_of(row)))
-        sources.append(source)
+        keep = [i for i, s in enumerate(cols["split"]) if s is not None and str(s) in names]
+
+    def column(name: str) -> list[Any]:
+        values = cols[name]
+        return [None] * len(keep) if values is None else [values[i] for i in keep]
+
+    questions = column("question")
+    if any(q is None or not str(q).strip() for q in questions):
+        prompts = column("prompt")
+        questions = [
+            q if q is not None and str(q).strip() else _question_from_prompt(p)
+            for q, p in zip(questions, prompts, strict=True)
+        ]
+    for row, q in zip(keep, questions, strict=True):
+        if q is None:
+            raise ValueError(f"{path}: row {row} has no question text (question or prompt)")
+    golden = column("golden_answers") if cols["golden_answers"] is not None else column("target")
+    default_source = path.stem
+    sources = [str(s) if s else default_source for s in column("data_source")]
+    raw_ids = [
+        i if i is not None else (x if x is not None else row)
+        for i, x, row in zip(column("id"), column("index"), keep, strict=True)
+    ]
+    ids = [f"{s}/{i}" for s, i in zip(sources, raw_ids, strict=True)]
     if len(set(ids)) < len(ids):  # merged files can repeat ids across sources: add the row
-        ids = [f"{qid}@{i}" for i, qid in enumerate(ids)]
-    return QADataset(str(path), split, tuple(ids), tuple(questions), tuple(answers), tuple(sources))
+        ids = [f"{qid}@{row}" for qid, row in zip(ids, keep, strict=True)]
+    return QADataset(
+        path=str(path),
+        split=split,
+        ids=tuple(ids),
+        questions=tuple(str(q).strip() for q in questions),
+        golden_answers=tuple(map(_answer_tuple, golden)),
+        data_sources=tuple(sources),
+    )
 
 
 _CACHE: dict[tuple[str, int, str | None], QADataset] = {}
