@@ -5,7 +5,7 @@ Accepted as Search-R1 writes them (``scripts/data_process/nq_search.py`` and
 
 ==========================  ======================================================================
 ``question``                the question text (Search-R1 strips it and appends ``?``); if absent, it
-                            is read back from ``prompt[0]["content"]`` after ``Question:``
+                            is read back from the prompt's last message, after ``Question:``
 ``golden_answers``          a string or a list of strings; if absent,
                             ``reward_model.ground_truth.target``
 ``data_source``             nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle...
@@ -65,7 +65,8 @@ class QADataset:
     path: str
     split: str | None
     ids: tuple[str, ...]
-    """unique question ids: ``<data_source>/<id>``"""
+    """unique question ids: ``<data_source>/<id>`` (``@<row>`` added where a merged file repeats
+    an id)"""
     questions: tuple[str, ...]
     golden_answers: tuple[tuple[str, ...], ...]
     data_sources: tuple[str, ...]
