@@ -158,6 +158,26 @@ def _configure_classpath(home: Path) -> None:
     jnius_config.add_classpath(str(jars[-1]))
     if _has_module(home, "jdk.incubator.vector"):
         jnius_config.add_options("--add-modules=jdk.incubator.vector")
+    version = java_version(home)
+    if version and version[0] >= 24:
+        # Lucene's memory-mapping uses sun.misc.Unsafe, which Java 24+ warns about on stderr
+        jnius_config.add_options("--sun-misc-unsafe-memory-access=allow")
+
+
+def _quiet_jvm_logs() -> None:
+    """Keep Anserini's per-index INFO lines and Lucene's Java-version notice off the console."""
+    from jnius import autoclass
+
+    try:
+        level = autoclass("org.apache.logging.log4j.Level")
+        configurator = autoclass("org.apache.logging.log4j.core.config.Configurator")
+        configurator.setLevel("io.anserini", level.WARN)
+    except Exception:  # noqa: BLE001  (no log4j on the class path: nothing to quiet)
+        pass
+    jul = autoclass("java.util.logging.Logger")
+    jul.getLogger("org.apache.lucene.store.MMapDirectory").setLevel(
+        autoclass("java.util.logging.Level").SEVERE
+    )
 
 
 def _running_java_version() -> str:
@@ -202,6 +222,7 @@ def ensure_java() -> str:
             import jnius  # noqa: F401  (this import starts the JVM)
 
             version = _running_java_version()
+            _quiet_jvm_logs()
         except Exception as err:  # any JNI/JVM start failure ends up here  # noqa: BLE001
             raise JavaUnavailableError(
                 f"the Java {_fmt(java_version(home))} JVM at {home} did not start ({err}). "

