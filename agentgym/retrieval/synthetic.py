@@ -15,7 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ import numpy as np
 
 from agentgym.retrieval.corpus import atomic_open
 
-__all__ = ["synthetic_corpus", "synthetic_queries", "write_corpus"]
+__all__ = ["random_encoder", "synthetic_corpus", "synthetic_queries", "write_corpus"]
 
 _SYLLABLES = (
     "ka ro vel an mir tos lu den sa bri qua zo ne fel ix or ma tul gre vin "
@@ -198,3 +198,65 @@ def write_corpus(path: str | os.PathLike[str], num_passages: int, seed: int = 0)
         if out is not raw:
             out.close()
     return path
+
+
+def random_encoder(
+    out: str | os.PathLike[str],
+    texts: Iterable[str],
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    intermediate: int | None = None,
+    vocab_size: int = 2000,
+    seed: int = 0,
+) -> Path:
+    """Save a randomly initialised BERT encoder, built offline, as a sentence-transformers folder.
+
+    Synthetic, untrained: its vectors are deterministic but meaningless, for tests and timings
+    (``hidden=768, layers=12, heads=12, vocab_size=30522`` is E5-base's shape). The WordPiece
+    vocabulary is learnt from ``texts``; the weights are seeded. Writes ``out/raw`` (a plain
+    transformers folder) and ``out/st`` (Transformer -> mean Pooling -> Normalize, E5's
+    pipeline); returns ``out/st``.
+    """
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece
+    from tokenizers.trainers import WordPieceTrainer
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    from agentgym.retrieval.encoder import st_modules
+
+    out = Path(out)
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(texts, WordPieceTrainer(vocab_size=vocab_size, special_tokens=special))
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    config = BertConfig(
+        # the trainer stops early on small texts; the embedding table can be larger than needed
+        vocab_size=max(vocab_size, tok.get_vocab_size()),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate or hidden * 4,
+        max_position_embeddings=512,
+    )
+    torch.manual_seed(seed)
+    raw = out / "raw"
+    BertModel(config).save_pretrained(raw)
+    BertTokenizerFast(tokenizer_object=tok, model_max_length=512).save_pretrained(raw)
+    transformer, pooling, normalize = st_modules()
+    word = transformer(str(raw), max_seq_length=256)
+    model = SentenceTransformer(
+        modules=[word, pooling(hidden, pooling_mode="mean"), normalize()], device="cpu"
+    )
+    model.save(str(out / "st"))
+    return out / "st"

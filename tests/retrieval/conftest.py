@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.retrieval.encoder import st_modules
-from agentgym.retrieval.synthetic import synthetic_corpus, write_corpus
+from agentgym.retrieval.synthetic import random_encoder, synthetic_corpus, write_corpus
 
 SHARED_DATA = Path(
     os.environ.get(
@@ -45,56 +44,12 @@ def corpus_path(tmp_path_factory) -> Path:
     return write_corpus(tmp_path_factory.mktemp("corpus") / "corpus.jsonl", CORPUS_PASSAGES)
 
 
-def build_tiny_encoder(out: Path, texts: list[str], hidden: int = 64, layers: int = 2) -> Path:
-    """Save a randomly initialised BERT (seeded) with a WordPiece tokenizer trained on ``texts``
-    as a sentence-transformers folder (Transformer -> mean Pooling -> Normalize)."""
-    import torch
-    from sentence_transformers import SentenceTransformer
-    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
-    from tokenizers.models import WordPiece
-    from tokenizers.trainers import WordPieceTrainer
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok = Tokenizer(WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.train_from_iterator(texts, WordPieceTrainer(vocab_size=2000, special_tokens=special))
-    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
-    )
-    hf_tok = BertTokenizerFast(tokenizer_object=tok, model_max_length=512)
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        intermediate_size=hidden * 2,
-        max_position_embeddings=512,
-    )
-    raw = out / "raw"
-    BertModel(config).save_pretrained(raw)
-    hf_tok.save_pretrained(raw)
-    transformer, pooling, normalize = st_modules()
-    word = transformer(str(raw), max_seq_length=256)
-    model = SentenceTransformer(
-        modules=[word, pooling(hidden, pooling_mode="mean"), normalize()], device="cpu"
-    )
-    st_dir = out / "st"
-    model.save(str(st_dir))
-    return st_dir
-
-
 @pytest.fixture(scope="session")
 def tiny_encoder_dir(tmp_path_factory) -> Path:
     """A sentence-transformers folder: random 2-layer BERT (hidden 64), WordPiece vocabulary from
     the synthetic corpus. Its plain transformers copy is at ``tiny_encoder_dir.parent / "raw"``."""
     texts = [r["contents"] for r in synthetic_corpus(CORPUS_PASSAGES)]
-    return build_tiny_encoder(tmp_path_factory.mktemp("tiny_encoder"), texts)
+    return random_encoder(tmp_path_factory.mktemp("tiny_encoder"), texts, hidden=64, layers=2)
 
 
 @pytest.fixture(scope="session")
