@@ -6,7 +6,8 @@ Bamboogle) as a text env.
 over in-process BM25 (``AgentGym/SearchQA-Synthetic-v0``, :mod:`.synthetic`). Scoring
 (:func:`exact_match`, :func:`f1`, :func:`normalize_answer`) is Search-R1's; :func:`data_status`
 says what data was found; :class:`ScriptedSearchPolicy` solves the synthetic questions by
-searching and reading.
+searching and reading; :func:`write_search_r1_files` writes the synthetic benchmark as Search-R1's
+corpus and parquet files.
 """
 
 from agentgym.envs.searchqa.data import DATA_ENV, RETRIEVER_ENV, data_status, load_questions
@@ -18,7 +19,11 @@ from agentgym.envs.searchqa.env import (
 )
 from agentgym.envs.searchqa.qa import exact_match, f1, normalize_answer
 from agentgym.envs.searchqa.scripted import ScriptedSearchPolicy, parse_question
-from agentgym.envs.searchqa.synthetic import build_knowledge_base, knowledge_base
+from agentgym.envs.searchqa.synthetic import (
+    build_knowledge_base,
+    knowledge_base,
+    write_search_r1_files,
+)
 
 __all__ = [
     "DATA_ENV",
@@ -36,4 +41,5 @@ __all__ = [
     "parse_question",
     "passages_to_string",
     "shared_retriever",
+    "write_search_r1_files",
 ]
