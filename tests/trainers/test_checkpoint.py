@@ -142,3 +142,48 @@ def test_incomplete_checkpoint_is_refused_in_one_line_naming_the_latest_complete
     main(["--resume", str(run), "--no-progress"])
     assert checkpoint_problem(run / "checkpoint-2") is None
     assert iterations_logged(run) == [1, 2]
+
+
+def untimed_metrics(run: Path) -> list[dict]:
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["sigint", "sigkill"])
+def test_signals_at_random_moments_then_resume_give_the_uninterrupted_run(tmp_path, sig):
+    """Soak: 8 runs, each stopped by ``sig`` at a random moment (any phase, saves included),
+    then resumed from the run folder; every resumed run's metrics equal the uninterrupted run's.
+    """
+    import random
+    import time
+
+    reference = tmp_path / "reference"
+    main(cli_args(reference, iterations=6) + ["--eval-every", "2", "--no-plot"])
+    expected = untimed_metrics(reference)
+    rng = random.Random(int(sig))
+    outcomes = []
+    for trial in range(8):
+        run = tmp_path / f"run{trial}"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainers.gigpo.train",
+             *cli_args(run, iterations=6), "--eval-every", "2", "--no-plot"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for line in proc.stdout:  # start the clock once the model is built
+            if line.startswith(("eval at iteration 0", "iteration 1/")):
+                break
+        time.sleep(rng.uniform(0.0, 0.8))
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+        if sig == signal.SIGINT and proc.returncode == 130:
+            assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        saved = latest_complete(run)
+        outcomes.append((proc.returncode, saved.name if saved else None))
+        if saved is None:
+            main(cli_args(run, iterations=6) + ["--eval-every", "2", "--no-plot", "--overwrite"])
+        else:
+            main(["--resume", str(run), "--no-progress"])
+        assert untimed_metrics(run) == expected, (trial, outcomes[-1])
+    print(outcomes)
+    assert any(code != 0 for code, _ in outcomes)  # the signals did land during runs

@@ -57,7 +57,7 @@ def checkpoint_iteration(path: Path) -> int | None:
 
 
 @contextmanager
-def _quiet_transformers() -> Iterator[None]:
+def quiet_transformers() -> Iterator[None]:
     """transformers draws a progress bar per save and load: noise for a 1-second checkpoint."""
     from transformers.utils import logging
 
@@ -118,7 +118,7 @@ def save_checkpoint(
     if partial.exists():
         shutil.rmtree(partial)
     partial.mkdir()
-    with _quiet_transformers():
+    with quiet_transformers():
         model.save_pretrained(partial)
         if save_base:
             model.get_base_model().save_pretrained(partial / "base")

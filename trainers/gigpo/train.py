@@ -16,7 +16,7 @@ Usage::
     python -m trainers.gigpo.train --env AgentGym/Corridor-v0 --iterations 40
     python -m trainers.gigpo.train --env AgentGym/Sokoban-v0 --model Qwen/Qwen2.5-1.5B-Instruct \\
         --generation-backend vllm --device cuda
-    python -m trainers.gigpo.train --env AgentGym/Corridor-v0 --advantage grpo --resume runs/gigpo/checkpoint-20
+    python -m trainers.gigpo.train --resume runs/gigpo          # its latest complete checkpoint
 
 Programmatic: ``train(Config.for_env("AgentGym/Corridor-v0", iterations=5))`` returns the metric
 history (one dict per logged record, the same records as ``metrics.jsonl``).
@@ -28,7 +28,14 @@ Metric names (stable; "<type>" is ``info["task_type"]`` where the env reports on
 ``update/loss``, ``update/pg_loss``, ``update/kl``, ``update/clip_fraction``, ``update/entropy``,
 ``update/grad_norm``, ``update/approx_kl_old``, ``eval/success_rate``, ``eval/success_rate/<type>``,
 ``eval/return``, ``time/generate``, ``time/env``, ``time/advantage``, ``time/update``,
-``time/eval``, ``time/iteration``, plus ``iteration`` and ``samples`` (trajectories so far).
+``time/eval``, ``time/iteration``, ``time/tokens_per_s`` (generated tokens per second of
+generation), plus ``iteration`` and ``samples`` (trajectories so far).
+
+The run folder (``out_dir``) holds one run: a new run refuses a folder that is not empty unless
+``--overwrite``; ``--resume`` continues in place, rewriting ``metrics.jsonl`` (and purging
+TensorBoard) back to the checkpoint's iteration. Checkpoints are atomic (``checkpoint.py``).
+Ctrl-C stops at once during a rollout or evaluation (nothing has changed yet) and after the
+update otherwise, writes a checkpoint and prints one line saying how to resume.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ from trainers.gigpo import checkpoint
 from trainers.gigpo.advantage import compute_advantage
 from trainers.gigpo.checkpoint import STATE_FILE as STATE_FILE  # re-exported
 from trainers.gigpo.checkpoint import CheckpointError, resolve_resume
-from trainers.gigpo.config import Config, ConfigError, fail, parse_args
+from trainers.gigpo.config import PROG, Config, ConfigError, fail, parse_args
 from trainers.gigpo.loss import (
     entropy_from_logits,
     kl_k3,
@@ -64,8 +71,6 @@ from trainers.gigpo.loss import (
 )
 from trainers.gigpo.policy import HFPolicy, VLLMPolicy
 from trainers.gigpo.rollout import RolloutBatch, collect, make_group_env
-
-PROG = "python -m trainers.gigpo.train"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -118,6 +123,13 @@ def load_model_and_tokenizer(config: Config, resume_dir: Path | None) -> tuple[A
             base = AutoModelForCausalLM.from_pretrained(
                 source / "base" if config.lora_rank else source
             )
+            # The tiny model's vocabulary is its tokenizer's: a mismatch means the tokenizer
+            # files are not the ones trained with (a fallback tokenizer would run, untrained).
+            if len(tokenizer) != base.config.vocab_size:
+                raise CheckpointError(
+                    f"--resume {source}: its tokenizer has {len(tokenizer)} tokens but the model "
+                    f"{base.config.vocab_size}; resume from a checkpoint saved whole"
+                )
         else:
             tokenizer = build_tokenizer(env_texts(config))
             base = build_model(
@@ -559,9 +571,8 @@ def train(config: Config) -> list[dict[str, Any]]:
 
     bar = phase = None
     if loud:
-        every = (
-            f"every {config.checkpoint_every} iterations and " if config.checkpoint_every else ""
-        )
+        n = config.checkpoint_every
+        every = f"every {n} iterations and " if n > 1 else "every iteration and " if n else ""
         saved = f"{every}at the end" if config.save_final else every.removesuffix(" and ")
         say(
             f"run folder {out_dir}: metrics {out_dir / 'metrics.jsonl'}"
@@ -576,7 +587,11 @@ def train(config: Config) -> list[dict[str, Any]]:
     random.seed(config.seed)
     device, compute_dtype = resolve_device(config)
 
-    model, tokenizer = load_model_and_tokenizer(config, resume_dir)
+    # transformers' per-load bar is noise for the tiny model; a real model's load keeps it.
+    with (
+        checkpoint.quiet_transformers() if config.quiet or config.model == "tiny" else nullcontext()
+    ):
+        model, tokenizer = load_model_and_tokenizer(config, resume_dir)
     model.to(device)
     checkpointing = config.gradient_checkpointing
     if checkpointing or (checkpointing is None and device.type == "cuda"):
@@ -821,6 +836,7 @@ def train(config: Config) -> list[dict[str, Any]]:
             if phase is not None:
                 phase.reset(total=config.ppo_epochs * math.ceil(n / config.mini_batch_size))
                 phase.set_description(f"update {it + 1}")
+                phase.set_postfix_str("optimizer steps", refresh=False)
             for epoch in range(config.ppo_epochs):
                 perm = gen.permutation(n)
                 for mb_start in range(0, n, config.mini_batch_size):
@@ -980,10 +996,12 @@ def main(argv: list[str] | None = None) -> None:
         fail(str(err))
     try:
         train(config)
-    except TrainingInterrupted as stop:
-        fail(stop.message, code=130)
-    except KeyboardInterrupt:
-        fail("interrupted before training started: nothing saved", code=130)
+    except (ConfigError, CheckpointError) as err:  # found while loading (a checkpoint's files)
+        fail(str(err))
+    except KeyboardInterrupt as stop:  # not an error: one line saying where things stand
+        message = getattr(stop, "message", "interrupted before training started: nothing saved")
+        print(f"{PROG}: {message}", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":
