@@ -288,7 +288,12 @@ class DenseIndex:
                 warnings.simplefilter("ignore", UserWarning)
                 vectors = torch.from_numpy(flat)
             if self.search_path == "torch-cuda":
-                vectors = vectors.to("cuda", dtype=torch.float16)
+                # fp16 on the GPU, copied over in slices: host memory never holds a second copy
+                on_gpu = torch.empty((n, d), dtype=torch.float16, device="cuda")
+                step = max(1, (256 << 20) // max(d * 4, 1))
+                for start in range(0, n, step):
+                    on_gpu[start : start + step].copy_(vectors[start : start + step])
+                vectors = on_gpu
             self._vectors = vectors
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

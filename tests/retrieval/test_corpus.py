@@ -76,6 +76,13 @@ def test_malformed_line_names_file_and_line(tmp_path, line, message):
         list(iter_corpus(path))
 
 
+def test_non_utf8_line_is_a_format_error(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"id": "0", "contents": "caf\xe9"}\n')
+    with pytest.raises(CorpusFormatError, match=r"latin1\.jsonl:1: "):
+        list(iter_corpus(path))
+
+
 def test_missing_corpus_says_what_to_pass(tmp_path):
     with pytest.raises(FileNotFoundError, match="JSONL file"):
         list(iter_corpus(tmp_path / "nope.jsonl"))

@@ -105,7 +105,8 @@ def test_serve_answers_over_http(corpus, tmp_path):
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
-        client = RetrievalClient(f"http://127.0.0.1:{port}")
+        client = open_retriever(f"http://127.0.0.1:{port}")
+        assert isinstance(client, RetrievalClient)
         deadline = time.monotonic() + 60
         while True:
             try:
