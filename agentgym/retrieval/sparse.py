@@ -41,7 +41,6 @@ from typing import Any
 
 import numpy as np
 import regex
-import scipy.sparse as sp
 from tqdm.auto import tqdm
 
 from agentgym.retrieval.base import Hit
@@ -538,8 +537,16 @@ class BM25Index:
 
     @classmethod
     def _build_bm25s(
-        cls, texts: Iterable[str], *, k1: float, b: float, show_progress: bool
+        cls,
+        texts: Iterable[str],
+        *,
+        k1: float,
+        b: float,
+        show_progress: bool,
+        exact_lengths: bool = False,
     ) -> BM25Index:
+        """The bm25s backend. ``exact_lengths=True`` skips Lucene's one-byte length rounding
+        (textbook BM25; only for measuring what the rounding changes)."""
         import bm25s
 
         vocab = _Vocabulary()
@@ -589,8 +596,13 @@ class BM25Index:
         avgdl = np.float32(doc_len.sum() / doc_count) if doc_count else np.float32(1)
         norm_inverse = _lucene_norm_inverse(k1, b, avgdl)
         idf = _lucene_idf(doc_freq, doc_count)
-        norms = _int_to_byte4(doc_len)
-        data = _lucene_term_scores(idf[pair_term], freq, norm_inverse[norms[pair_doc]])
+        if exact_lengths:
+            f32 = np.float32
+            length = doc_len[pair_doc].astype(np.float32)
+            doc_norm_inverse = f32(1) / (f32(k1) * ((f32(1) - f32(b)) + f32(b) * length / avgdl))
+        else:
+            doc_norm_inverse = norm_inverse[_int_to_byte4(doc_len)[pair_doc]]
+        data = _lucene_term_scores(idf[pair_term], freq, doc_norm_inverse)
         indptr = np.zeros(n_terms + 1, dtype=np.int64)
         np.cumsum(doc_freq, out=indptr[1:])
 
@@ -685,52 +697,57 @@ class BM25Index:
             return _lucene_search(self, queries, k)
         return self._search_bm25s(queries, k)
 
-    def query_matrix(self, queries: Sequence[str]) -> sp.csr_matrix:
-        """``(len(queries), n_terms)`` float64 counts of each query's terms (its BM25 boosts)."""
+    def _query_terms(self, queries: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per query: its distinct known term ids and their counts (pyserini's clause boosts)."""
         assert self._vocab is not None
-        n_terms = len(self._vocab.term_ids)
         raw = [_raw_tokens(q if isinstance(q, str) else str(q)) for q in queries]
-        counts = np.fromiter((len(r) for r in raw), dtype=np.int64, count=len(raw))
-        flat = [t for r in raw for t in r]
-        term_ids = self._vocab.encode(flat, grow=False)
-        query_of = np.repeat(np.arange(len(queries), dtype=np.int64), counts)
-        known = term_ids >= 0
-        q = sp.csr_matrix(
-            (np.ones(int(known.sum())), (query_of[known], term_ids[known])),
-            shape=(len(queries), n_terms),
-        )
-        q.sum_duplicates()  # repeated query terms: one clause boosted by its count, as pyserini
-        return q
+        bounds = np.zeros(len(raw) + 1, dtype=np.int64)
+        np.cumsum([len(r) for r in raw], out=bounds[1:])
+        term_ids = self._vocab.encode([t for r in raw for t in r], grow=False)
+        out = []
+        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+            ids = term_ids[lo:hi]
+            out.append(np.unique(ids[ids >= 0], return_counts=True))
+        return out
 
     def _search_bm25s(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         rows, scores = _empty_results(len(queries), k)
         if not len(queries) or not len(self):
             return rows, scores
         s = self._bm25.scores
-        n_terms = len(s["indptr"]) - 1
-        # the CSC (docs x terms) score matrix read as CSR (terms x docs): no copy
-        term_doc = sp.csr_matrix((s["data"], s["indices"], s["indptr"]), shape=(n_terms, len(self)))
-        q = self.query_matrix(queries)
-        # Chunk the batch so the (queries x matching docs) result stays small.
-        chunk = 256
-        for start in range(0, len(queries), chunk):
-            # float64 accumulation of float32 term scores, as Lucene sums clause scores
-            hits = (q[start : start + chunk] @ term_doc).tocsr()
-            for qi in range(hits.shape[0]):
-                lo, hi = hits.indptr[qi], hits.indptr[qi + 1]
-                if lo == hi:
-                    continue
-                docs = hits.indices[lo:hi]
-                vals = hits.data[lo:hi].astype(np.float32)
-                if hi - lo > k:
-                    # keep everything tied with the k-th score so ties resolve by row below
-                    kth = np.partition(vals, hi - lo - k)[hi - lo - k]
-                    sel = vals >= kth
-                    docs, vals = docs[sel], vals[sel]
-                order = np.lexsort((docs, -vals))[:k]
-                n = len(order)
-                rows[start + qi, :n] = docs[order]
-                scores[start + qi, :n] = vals[order]
+        data, indices, indptr = s["data"], s["indices"], s["indptr"]
+        n_docs = len(self)
+        for qi, (term_ids, counts) in enumerate(self._query_terms(queries)):
+            if not len(term_ids):
+                continue
+            starts, ends = indptr[term_ids], indptr[term_ids + 1]
+            n_postings = int((ends - starts).sum())
+            if n_postings == 0:
+                continue
+            # one posting list per query term (a column of the docs x terms score matrix),
+            # weighted by the term's count; float64 sums of float32 terms, as Lucene sums clauses
+            docs = np.concatenate([indices[a:z] for a, z in zip(starts, ends, strict=True)])
+            vals = np.concatenate(
+                [data[a:z] * float(c) for a, z, c in zip(starts, ends, counts, strict=True)],
+                dtype=np.float64,
+            )
+            if len(term_ids) > 1:
+                if n_postings * 8 > n_docs:  # dense accumulator: O(postings + docs)
+                    acc = np.bincount(docs, weights=vals, minlength=n_docs)
+                    docs = np.flatnonzero(acc)
+                    vals = acc[docs]
+                else:  # few postings: sort them instead of touching every document
+                    docs, inverse = np.unique(docs, return_inverse=True)
+                    vals = np.bincount(inverse, weights=vals, minlength=len(docs))
+            vals = vals.astype(np.float32)
+            if len(vals) > k:
+                # keep everything tied with the k-th score so that ties resolve by row below
+                kth = np.partition(vals, len(vals) - k)[len(vals) - k]
+                keep = vals >= kth
+                docs, vals = docs[keep], vals[keep]
+            order = np.lexsort((docs, -vals))[:k]
+            rows[qi, : len(order)] = docs[order]
+            scores[qi, : len(order)] = vals[order]
         return rows, scores
 
     def close(self) -> None:

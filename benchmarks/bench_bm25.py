@@ -1,0 +1,327 @@
+"""BM25: agentgym's two backends against stock bm25s, on generated corpora, in one run.
+
+Backends measured on the same seeded corpora (1k, 10k, 100k short passages) and queries:
+
+* ``agentgym-bm25s``: :class:`agentgym.retrieval.sparse.BM25Index` with bm25s (Lucene's analyzer
+  and Lucene's BM25 arithmetic, one-byte length norms included).
+* ``agentgym-pyserini``: the same class on a real Lucene index (Anserini, in-process JVM).
+* ``stock-bm25s``: bm25s as its README uses it (``bm25s.tokenize`` with English stop words and
+  PyStemmer's Porter, ``BM25(method="lucene")``, ``retrieve``): the peer for speed, and what
+  "bm25s instead of pyserini" gives without our analyzer.
+
+Measures, each repeated ``--repeats`` times (medians reported):
+
+(a) build: seconds and documents/s.
+(b) search latency: the whole query set in one call (per-query = total / queries), and one
+    query per call (median and p99 over the queries); k=10.
+(c) fidelity against pyserini: share of queries whose top-10 / top-50 rows are identical, share
+    that agree up to ties (a row may differ only where it ties the cut-off score within 2e-4,
+    Anserini's score rounding), mean overlap@10; for agentgym-bm25s, the same with Lucene's
+    length rounding switched off (what the rounding buys); and the largest relative difference
+    between agentgym-bm25s scores and Lucene's own float scores (``IndexSearcher``, before
+    Anserini rounds them to 1e-4).
+
+Run::
+
+    python benchmarks/bench_bm25.py                 # all sizes, ~5 minutes on 2 cores
+    python benchmarks/bench_bm25.py --sizes 1000 10000 --repeats 5
+
+Writes ``benchmarks/results/bm25.json`` and prints a table. pyserini needs Java 21+ (see
+:mod:`agentgym.retrieval.java`); without one, ``--no-pyserini`` measures the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from agentgym.retrieval.sparse import BM25Index
+
+RESULTS = Path(__file__).resolve().parent / "results" / "bm25.json"
+
+_SYLLABLES = "ka lo mi nu re sa to vi ber con dis tor man ple gra fin sho tra quel pen".split()
+_SUFFIXES = ["", "", "", "s", "ing", "ed", "ly", "ation", "ness", "ity", "er", "'s", "ies", "ology"]
+_STOP = ["the", "of", "and", "a", "to", "in", "is", "with", "for", "on", "was", "by"]
+
+
+def generate_corpus(n: int, n_queries: int, seed: int = 0) -> tuple[list[str], list[str]]:
+    """``n`` short passages (~40 words, log-normal lengths) over a Zipf-distributed vocabulary
+    of pseudo-words with English suffixes, stop words, numbers and punctuation; and queries of
+    1-6 words drawn from a passage plus a stray word (some repeated, some with punctuation)."""
+    rng = np.random.default_rng(seed)
+    n_stems = max(3000, n // 10)
+    stems = sorted(
+        {"".join(rng.choice(_SYLLABLES, size=rng.integers(1, 5))) for _ in range(n_stems)}
+    )
+    words = [
+        s + _SUFFIXES[int(i)]
+        for s, i in zip(stems, rng.integers(len(_SUFFIXES), size=len(stems)), strict=True)
+    ]
+    words += [str(int(x)) for x in rng.integers(0, 5000, size=200)]
+    zipf = 1.0 / np.arange(1, len(words) + 1) ** 1.05
+    zipf /= zipf.sum()
+    lengths = np.clip(rng.lognormal(3.4, 0.6, size=n).astype(int), 3, 250)
+    flat = rng.choice(len(words), size=int(lengths.sum()), p=zipf)
+    stop_at = rng.random(flat.size) < 0.25
+    stop_pick = rng.integers(len(_STOP), size=flat.size)
+    passages: list[str] = []
+    start = 0
+    for length in lengths:
+        toks = [
+            _STOP[stop_pick[j]] if stop_at[j] else words[flat[j]]
+            for j in range(start, start + length)
+        ]
+        start += length
+        toks[0] = toks[0].capitalize()
+        passages.append(" ".join(toks) + ".")
+    queries = []
+    for _ in range(n_queries):
+        doc = passages[int(rng.integers(n))].rstrip(".").split()
+        size = min(len(doc), int(rng.integers(1, 7)))
+        picked = [str(w) for w in rng.choice(doc, size=size, replace=False)]
+        picked.append(str(words[int(rng.integers(len(words)))]))
+        if rng.random() < 0.2:
+            picked.append(picked[0])
+        queries.append(" ".join(picked) + str(rng.choice(["", "?", " !"])))
+    return passages, queries
+
+
+# ---------------------------------------------------------------------------------------------
+# Backends: build(passages) -> searcher; searcher(queries, k) -> rows (n, k) with -1 padding
+# ---------------------------------------------------------------------------------------------
+
+Searcher = Callable[[list[str], int], np.ndarray]
+
+
+def build_agentgym(backend: str, workdir: Path) -> Callable[[list[str]], Searcher]:
+    def build(passages: list[str]) -> Searcher:
+        path = workdir / f"{backend}-{len(passages)}" if backend == "pyserini" else None
+        index = BM25Index.build(passages, backend=backend, path=path)
+
+        def search(queries: list[str], k: int) -> np.ndarray:
+            return index.search(queries, k)[0]
+
+        search.index = index  # type: ignore[attr-defined]
+        return search
+
+    return build
+
+
+def build_stock_bm25s(passages: list[str]) -> Searcher:
+    import bm25s
+    import Stemmer
+
+    stemmer = Stemmer.Stemmer("porter")
+    tokens = bm25s.tokenize(passages, stopwords="en", stemmer=stemmer, show_progress=False)
+    retriever = bm25s.BM25(k1=0.9, b=0.4, method="lucene")
+    retriever.index(tokens, show_progress=False)
+
+    def search(queries: list[str], k: int) -> np.ndarray:
+        query_tokens = bm25s.tokenize(queries, stopwords="en", stemmer=stemmer, show_progress=False)
+        rows, scores = retriever.retrieve(query_tokens, k=k, show_progress=False)
+        # stock bm25s returns zero-score documents too; Lucene returns only matches
+        return np.where(scores > 0, rows, -1).astype(np.int64)
+
+    return search
+
+
+# ---------------------------------------------------------------------------------------------
+# Measures
+# ---------------------------------------------------------------------------------------------
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, object]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def latency(search: Searcher, queries: list[str], single: list[str]) -> dict[str, float]:
+    """Batched per-query time of the whole set, and single-query median/p99, in milliseconds."""
+    batch_s, _ = timed(lambda: search(queries, 10))
+    per_query = []
+    for q in single:
+        s, _ = timed(lambda q=q: search([q], 10))
+        per_query.append(s)
+    return {
+        "batched_ms_per_query": 1e3 * batch_s / len(queries),
+        "single_median_ms": 1e3 * statistics.median(per_query),
+        "single_p99_ms": 1e3 * float(np.percentile(per_query, 99)),
+    }
+
+
+def agreement(rows_a: np.ndarray, scores_a: np.ndarray, rows_b: np.ndarray, tol: float = 2e-4):
+    """(identical rows, same up to ties at the cut-off, mean overlap) of two top-k tables;
+    ``scores_a`` are the reference (pyserini) scores used to recognise ties."""
+    identical = up_to_ties = 0
+    overlap = []
+    for ra, sa, rb in zip(rows_a, scores_a, rows_b, strict=True):
+        set_a, set_b = set(ra[ra >= 0].tolist()), set(rb[rb >= 0].tolist())
+        identical += bool((ra == rb).all())
+        overlap.append(len(set_a & set_b) / max(len(set_a), 1))
+        if set_a == set_b:
+            up_to_ties += bool(len(set_a) == (ra >= 0).sum())
+            continue
+        n = int((ra >= 0).sum())
+        cutoff = sa[n - 1] if n else np.inf
+        missing = set_a - set_b
+        up_to_ties += all(abs(sa[list(ra).index(r)] - cutoff) <= tol for r in missing)
+    n_q = len(rows_a)
+    return identical / n_q, up_to_ties / n_q, float(np.mean(overlap))
+
+
+def lucene_exact_gap(lucene_index: BM25Index, ours: BM25Index, queries: list[str]) -> float:
+    """Largest relative difference between our scores and Lucene's unrounded float scores."""
+    from jnius import autoclass, cast
+
+    directory = autoclass("org.apache.lucene.store.FSDirectory").open(
+        autoclass("java.io.File")(str(lucene_index.path / "lucene")).toPath()
+    )
+    reader = autoclass("org.apache.lucene.index.DirectoryReader").open(directory)
+    searcher = autoclass("org.apache.lucene.search.IndexSearcher")(
+        cast("org.apache.lucene.index.IndexReader", reader)
+    )
+    searcher.setSimilarity(
+        autoclass("org.apache.lucene.search.similarities.BM25Similarity")(0.9, 0.4)
+    )
+    analyzer = autoclass("io.anserini.analysis.DefaultEnglishAnalyzer").newDefaultInstance()
+    generator = autoclass("io.anserini.search.query.BagOfWordsQueryGenerator")()
+    stored = reader.storedFields()
+    rows, scores = ours.search(queries, 10)
+    worst = 0.0
+    for i, q in enumerate(queries):
+        top = searcher.search(generator.buildQuery("contents", analyzer, q), 10).scoreDocs
+        exact = {int(stored.document(d.doc).get("id")): d.score for d in top}
+        for r, s in zip(rows[i].tolist(), scores[i].tolist(), strict=True):
+            if r in exact:
+                worst = max(worst, abs(exact[r] - s) / exact[r])
+    reader.close()
+    return worst
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 100_000])
+    parser.add_argument("--queries", type=int, default=500, help="queries per corpus")
+    parser.add_argument("--single", type=int, default=200, help="queries timed one at a time")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-pyserini", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-bm25-"))
+    backends: dict[str, Callable[[list[str]], Searcher]] = {
+        "agentgym-bm25s": build_agentgym("bm25s", workdir),
+        "stock-bm25s": build_stock_bm25s,
+    }
+    versions = {}
+    if not args.no_pyserini:
+        from agentgym.retrieval.java import ensure_java
+
+        versions["java_home"] = ensure_java()
+        backends["agentgym-pyserini"] = build_agentgym("pyserini", workdir)
+    import bm25s
+
+    versions["bm25s"] = bm25s.__version__
+    results: dict = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), **versions},
+        "repeats": args.repeats,
+        "sizes": {},
+    }
+    try:
+        for n in args.sizes:
+            passages, all_queries = generate_corpus(n, args.queries + 100, seed=n)
+            # warm-up queries are disjoint from the timed ones (caches, JIT)
+            warmup, queries = all_queries[:100], all_queries[100:]
+            single = queries[: args.single]
+            print(f"\n== {n:,} passages, {len(queries)} queries ==", flush=True)
+            per_backend: dict[str, dict] = {}
+            searchers: dict[str, Searcher] = {}
+            runs: dict[str, list] = {name: [] for name in backends}
+            for _ in range(args.repeats):  # interleaved repeats
+                for name, build in backends.items():
+                    build_s, search = timed(lambda build=build, p=passages: build(p))
+                    search(warmup, 10)
+                    for q in warmup[:20]:
+                        search([q], 10)
+                    runs[name].append({"build_s": build_s, **latency(search, queries, single)})
+                    searchers[name] = search
+            for name, rs in runs.items():
+                med = {key: statistics.median(r[key] for r in rs) for key in rs[0]}
+                med["build_docs_per_s"] = n / med["build_s"]
+                per_backend[name] = med
+                print(
+                    f"{name:18s} build {med['build_s']:7.2f} s ({med['build_docs_per_s']:9,.0f} "
+                    f"docs/s)  batched {med['batched_ms_per_query']:7.3f} ms/q  single median "
+                    f"{med['single_median_ms']:7.3f} ms  p99 {med['single_p99_ms']:7.3f} ms",
+                    flush=True,
+                )
+            entry: dict = {"backends": per_backend}
+            ours = per_backend["agentgym-bm25s"]
+            ratios = {}
+            for peer in ("stock-bm25s", "agentgym-pyserini"):
+                if peer in per_backend:
+                    p = per_backend[peer]
+                    ratios[f"vs {peer}"] = {
+                        "build_speedup": p["build_s"] / ours["build_s"],
+                        "batched_search_speedup": p["batched_ms_per_query"]
+                        / ours["batched_ms_per_query"],
+                        "single_search_speedup": p["single_median_ms"] / ours["single_median_ms"],
+                    }
+            entry["ratios"] = ratios
+            if "agentgym-pyserini" in searchers:
+                lucene_index = searchers["agentgym-pyserini"].index  # type: ignore[attr-defined]
+                ours_index = searchers["agentgym-bm25s"].index  # type: ignore[attr-defined]
+                exact_len = BM25Index._build_bm25s(
+                    passages, k1=0.9, b=0.4, show_progress=False, exact_lengths=True
+                )
+                fidelity = {}
+                for k in (10, 50):
+                    ref_rows, ref_scores = lucene_index.search(queries, k)
+                    candidates = {
+                        "agentgym-bm25s": ours_index.search(queries, k)[0],
+                        "agentgym-bm25s, no length rounding": exact_len.search(queries, k)[0],
+                        "stock-bm25s": searchers["stock-bm25s"](queries, k),
+                    }
+                    for name, rows in candidates.items():
+                        ident, ties, overlap = agreement(ref_rows, ref_scores, rows)
+                        fidelity.setdefault(name, {})[f"top{k}"] = {
+                            "identical": ident,
+                            "same_up_to_ties": ties,
+                            "mean_overlap": overlap,
+                        }
+                        print(
+                            f"  vs pyserini top-{k}: {name:36s} identical {ident:6.1%}  "
+                            f"up to ties {ties:6.1%}  overlap {overlap:6.1%}"
+                        )
+                gap = lucene_exact_gap(lucene_index, ours_index, queries[:200])
+                fidelity["agentgym-bm25s"]["max_rel_score_diff_vs_lucene_float"] = gap
+                print(f"  largest relative score difference vs Lucene's float scores: {gap:.2e}")
+                entry["fidelity_vs_pyserini"] = fidelity
+                for s in searchers.values():
+                    index = getattr(s, "index", None)
+                    if index is not None:
+                        index.close()
+            results["sizes"][str(n)] = entry
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=2) + "\n")
+    os.replace(tmp, args.out)
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
