@@ -302,7 +302,7 @@ class _ShardedBackend:
                 handles[w] = self._submit(w, cmd, payload)
             except WorkerDied as exc:
                 lost[w] = str(exc)
-        answers = self._gather(handles, time.monotonic() + self.timeout)
+        answers = self._gather(handles, time.monotonic() + self.timeout) if handles else {}
         results: dict[int, Any] = {}
         for w, out in answers.items():
             if isinstance(out, WorkerDied):
@@ -552,7 +552,8 @@ class _ProcessBackend(_ShardedBackend):
             by_conn = {self.conns[w]: w for w in pending}
             # wake at least every 0.5 s: a worker whose socket a grandchild still holds open
             # shows its death only through poll()
-            for conn in mp_connection.wait(list(by_conn), timeout=min(remaining, 0.5)):
+            ready = mp_connection.wait(list(by_conn), timeout=min(remaining, 0.5))
+            for conn in ready:
                 w = by_conn[conn]
                 try:
                     reply = conn.recv()
@@ -571,6 +572,8 @@ class _ProcessBackend(_ShardedBackend):
                 if reply[0] == pending[w]:
                     answers[w] = reply
                     del pending[w]
+            if ready:  # a dead worker's socket reads as ready (EOF): check exits only when idle
+                continue
             for w in [w for w in pending if self.procs[w].poll() is not None]:
                 if not self.conns[w].poll(0):  # nothing left to read: it is gone
                     answers[w] = WorkerDied(self._death(w))
