@@ -133,7 +133,7 @@ ENTRIES: list[EnvEntry] = [
         data_status="agentgym.envs.searchqa:data_status",
         needs=("bm25s", "Stemmer", "pyarrow"),
         real_data=True,
-        extra="retrieval",
+        extra="searchqa",
     ),
     EnvEntry(
         "AgentGym/SearchQA-Synthetic-v0",
@@ -141,7 +141,7 @@ ENTRIES: list[EnvEntry] = [
         "searchqa",
         kwargs={"synthetic": True},
         needs=("bm25s", "Stemmer"),
-        extra="retrieval",
+        extra="searchqa",
     ),
     # --- webshop: WebShop's own catalogue files, and a generated shop in their format ---
     EnvEntry(
