@@ -203,7 +203,7 @@ def bench_vs_stock(args, data_dir: Path, work: Path) -> dict:
     cat = ours.catalogue
     mismatches: list[str] = []
     stock_step, ours_step, stock_reset, ours_reset = [], [], [], []
-    compared = purchases = tie_reorders = 0
+    compared = purchases = tie_reorders = searches = 0
     rewards: list[float] = []
     rng = random.Random(0)
     for episode in range(args.episodes):
@@ -240,6 +240,7 @@ def bench_vs_stock(args, data_dir: Path, work: Path) -> dict:
             where = f"goal {goal_index} {action!r}"
             if valid and action.startswith("search["):
                 query = parse_action(action)[1].lower()
+                searches += 1
                 stock_rows = [cat.row_of_asin[a] for a in _stock_top50(stock, query)]
                 our_rows = ours._results.tolist()
                 if stock_rows != our_rows:
@@ -276,6 +277,7 @@ def bench_vs_stock(args, data_dir: Path, work: Path) -> dict:
         "purchase_rewards_seen": sorted({round(r, 4) for r in rewards}),
         "mismatches": len(mismatches),
         "mismatch_examples": mismatches[:5],
+        "searches_compared": searches,
         "searches_with_tied_results_in_another_order": tie_reorders,
         "stock_step": s_step,
         "ours_step": o_step,
@@ -466,10 +468,17 @@ def main() -> None:
     else:
         args.spacy_model = ""
 
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     results: dict = {
+        "benchmark": "webshop",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "commit": commit,
+        "note": "shared machine: ratios are measured in the same run; absolute times vary with load",
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+        "reward_noun_model": Path(args.spacy_model).name if args.spacy_model else "default",
     }
     with tempfile.TemporaryDirectory(prefix="webshop-bench-") as tmp:
         work = Path(tmp)

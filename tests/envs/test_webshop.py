@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import string
 import subprocess
 import sys
 import textwrap
@@ -481,6 +482,18 @@ def test_real_first_observation_and_walk(real_env):
     assert "Total results: 50" in obs
     obs, *_, info = real_env.step(info["admissible_actions"][2])
     assert info["page"] == "item" and real_env.observation_space.contains(obs)
+
+
+def test_every_real_page_is_inside_the_observation_space(webshop_real_data):
+    env = WebShopEnv(data_dir=webshop_real_data, show_attrs=True)
+    space, cat = env.observation_space, env.catalogue
+    assert not set("".join(p["Title"] for p in cat.products)) <= set(string.printable)
+    for i, p in enumerate(cat.products):
+        ins = cat.goals[i]["instruction_text"]
+        texts = [pages.item_page(ins, p, show_attrs=True), pages.search_page(ins)]
+        texts += [pages.sub_page(ins, p, name) for name in pages.SUB_PAGES]
+        texts.append(pages.results_page(ins, cat.products[i : i + 10], 1, 50))
+        assert all(space.contains(t) for t in texts), p["asin"]
 
 
 @pytest.mark.slow

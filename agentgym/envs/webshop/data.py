@@ -510,9 +510,11 @@ class Catalogue:
         """Every character any page of this catalogue can show (for the observation space)."""
         chars: set[str] = set()
         for p in self.products:
-            for key in ("Title", "Price", "Description"):
+            for key in ("Title", "Price", "Description", "category", "query", "product_category"):
                 if isinstance(p.get(key), str):
                     chars.update(p[key])
+            for a in p["Attributes"]:  # the Attributes page (show_attrs=True)
+                chars.update(str(a))
             for b in p["BulletPoints"]:
                 if isinstance(b, str):
                     chars.update(b)
