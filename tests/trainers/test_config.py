@@ -28,6 +28,8 @@ CORRIDOR = ["--env", "AgentGym/Corridor-v0", "--no-progress", "--no-tensorboard"
         (["--model", "no-such-org/no-such-model"], "no-such-org/no-such-model.*offline.*--model"),
         (["--model", "./no/such/folder"], "--model ./no/such/folder: no such folder"),
         (["--num-groups", "two"], "--num-groups: invalid int value: 'two'"),
+        (["--prompt-template", "tiny"], "--prompt-template 'tiny'.*compact, "),
+        (["--fmt", "json"], "--fmt 'json'.*think_action, search_answer, plain"),
     ],
 )
 def test_bad_config_is_one_line_and_exit_code_2(tmp_path, monkeypatch, capsys, flags, message):

@@ -234,6 +234,12 @@ class Config:
         choose("generation_backend", GENERATION_BACKENDS)
         choose("env_backend", ENV_BACKENDS)
         choose("episode_stats_over", EPISODE_STATS)
+        from agentgym.wrappers.llm import FORMATS, PROMPT_TEMPLATES
+
+        if self.fmt is not None:
+            choose("fmt", FORMATS)
+        if self.prompt_template is not None:
+            choose("prompt_template", ["compact", *sorted(PROMPT_TEMPLATES)])
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ConfigError(f"{flag('device')} {self.device!r} is not known; choose one of: "
                               "auto, cpu, cuda, cuda:N")  # fmt: skip
@@ -296,7 +302,7 @@ def model_problem(model: str) -> str | None:
         model_info(model, timeout=10)
     except Exception as err:  # noqa: BLE001  (offline, unknown name, gated: all end the run)
         return (
-            f"not in the Hugging Face cache, and the hub cannot serve it offline or from here "
+            f"not in the Hugging Face cache, and the hub cannot be reached from here "
             f"({type(err).__name__}); {advice}"
         )
     return None
@@ -443,13 +449,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: list[str] | None = None) -> Config:
+def parse_args(argv: list[str] | None = None, notes: list[str] | None = None) -> Config:
     """Parse the command line into a :class:`Config`.
 
     A new run: the env's preset under the flags (no ``--env``: :data:`DEFAULT_ENV`, said on
     stderr). ``--resume``: the checkpoint's saved config under the flags, ``resume`` resolved to
     the checkpoint folder and ``out_dir`` defaulting to its run folder. Raises
     :class:`ConfigError` (or ``CheckpointError``) for a ``--resume`` that cannot be resumed.
+    ``notes``: collect what would be said on stderr here instead (the CLI says it once the
+    config is known to be valid, so that an error stays one line).
     """
     given = vars(build_parser().parse_args(argv))
     if given.get("resume") is not None:
@@ -463,10 +471,13 @@ def parse_args(argv: list[str] | None = None) -> Config:
         given["resume"] = str(checkpoint)
         return Config(**{**saved, "out_dir": str(checkpoint.parent), **given})
     if "env" not in given:
-        print(
+        note = (
             f"no --env given: training {DEFAULT_ENV}, the CPU demo (a tiny model learns it in "
-            "about a minute); pass --env ID for another env",
-            file=sys.stderr,
+            "about a minute); pass --env ID for another env"
         )
+        if notes is None:
+            print(note, file=sys.stderr)
+        else:
+            notes.append(note)
     env = given.pop("env", DEFAULT_ENV)
     return Config.for_env(env, **given)

@@ -988,12 +988,15 @@ def _interrupted(
 
 def main(argv: list[str] | None = None) -> None:
     """The command line: config errors are one line and exit code 2, Ctrl-C exit code 130."""
+    notes: list[str] = []
     try:
-        config = parse_args(argv)
+        config = parse_args(argv, notes)
         check_env_id(config.env)
         config.validate(cli=True)
     except (ConfigError, CheckpointError, ValueError) as err:
         fail(str(err))
+    for note in notes:
+        print(note, file=sys.stderr)
     try:
         train(config)
     except (ConfigError, CheckpointError) as err:  # found while loading (a checkpoint's files)
