@@ -125,6 +125,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--corpus-size", type=int, default=50_000, help="distractor passages in (b)")
+    p.add_argument("--questions", type=int, default=None, help="test questions (default: all)")
     p.add_argument("--no-server", action="store_true", help="skip the HTTP peer comparison (c)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
@@ -160,7 +161,7 @@ def main() -> int:
     index_s = time.perf_counter() - t0
     env_b = SearchQAEnv(data=tmp / "test.parquet", retriever=big)
     url = url_queue.get(timeout=600) + "/retrieve" if server is not None else None
-    n_questions = env.num_tasks
+    n_questions = min(env.num_tasks, args.questions or env.num_tasks)
 
     # -- (a) synthetic env ------------------------------------------------------------------------
     runs = [play_timed(env, n_questions) for _ in range(args.repeats)]

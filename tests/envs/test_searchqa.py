@@ -682,3 +682,25 @@ def test_any_text_action_is_handled(action):
 @functools.cache
 def _fuzz_env() -> SearchQAEnv:
     return SearchQAEnv(synthetic=True)  # one env for every example (hypothesis and fixtures)
+
+
+def test_benchmark_script_runs_and_writes_its_json(tmp_path):
+    """bench_searchqa.py end to end with a tiny budget: its server child, all three scenarios."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_searchqa.py"
+    out = tmp_path / "searchqa.json"
+    cmd = [sys.executable, str(script), "--repeats", "1", "--corpus-size", "300", "--questions",
+           "12", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(out.read_text())["results"]
+    for scenario in ("synthetic_inprocess", "bigcorpus_inprocess"):
+        r = results[scenario]
+        assert r["em"] == 1.0 and r["steps_per_repeat"] > 12
+        assert 0 < r["search_median_ms"] <= r["search_p99_ms"]
+    assert results["bigcorpus_inprocess"]["passages"] == len(knowledge_base(0).passages) + 300
+    http = results["http_server"]
+    assert set(http["per_query_median_ms"]) == {"search_r1_request", "client_request", "inprocess"}
+    assert http["env_step_via_client"]["em"] == 1.0
