@@ -101,7 +101,7 @@ def generate_corpus(n: int, n_queries: int, seed: int = 0) -> tuple[list[str], l
 # Backends: build(passages) -> searcher; searcher(queries, k) -> rows (n, k) with -1 padding
 # ---------------------------------------------------------------------------------------------
 
-Searcher = Callable[[list[str], int], np.ndarray]
+Searcher = Callable[[list[str], int], tuple[np.ndarray, np.ndarray]]  # rows, scores
 
 
 def build_agentgym(backend: str, workdir: Path) -> Callable[[list[str]], Searcher]:
@@ -109,8 +109,8 @@ def build_agentgym(backend: str, workdir: Path) -> Callable[[list[str]], Searche
         path = workdir / f"{backend}-{len(passages)}" if backend == "pyserini" else None
         index = BM25Index.build(passages, backend=backend, path=path)
 
-        def search(queries: list[str], k: int) -> np.ndarray:
-            return index.search(queries, k)[0]
+        def search(queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+            return index.search(queries, k)
 
         search.index = index  # type: ignore[attr-defined]
         return search
@@ -127,11 +127,12 @@ def build_stock_bm25s(passages: list[str]) -> Searcher:
     retriever = bm25s.BM25(k1=0.9, b=0.4, method="lucene")
     retriever.index(tokens, show_progress=False)
 
-    def search(queries: list[str], k: int) -> np.ndarray:
+    def search(queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         query_tokens = bm25s.tokenize(queries, stopwords="en", stemmer=stemmer, show_progress=False)
         rows, scores = retriever.retrieve(query_tokens, k=k, show_progress=False)
         # stock bm25s returns zero-score documents too; Lucene returns only matches
-        return np.where(scores > 0, rows, -1).astype(np.int64)
+        matched = scores > 0
+        return np.where(matched, rows, -1).astype(np.int64), np.where(matched, scores, -np.inf)
 
     return search
 
@@ -161,23 +162,29 @@ def latency(search: Searcher, queries: list[str], single: list[str]) -> dict[str
     }
 
 
-def agreement(rows_a: np.ndarray, scores_a: np.ndarray, rows_b: np.ndarray, tol: float = 2e-4):
-    """(identical rows, same up to ties at the cut-off, mean overlap) of two top-k tables;
-    ``scores_a`` are the reference (pyserini) scores used to recognise ties."""
+def agreement(ref: tuple[np.ndarray, np.ndarray], got: tuple[np.ndarray, np.ndarray], tol=2e-4):
+    """Shares of queries whose top-k rows are identical to the reference's, the same up to ties
+    (a row may be missing from the other list only if its score is within ``tol`` of that list's
+    cut-off score: Anserini rounds to 1e-4), and the mean overlap of the row sets."""
     identical = up_to_ties = 0
     overlap = []
-    for ra, sa, rb in zip(rows_a, scores_a, rows_b, strict=True):
-        set_a, set_b = set(ra[ra >= 0].tolist()), set(rb[rb >= 0].tolist())
+    for ra, sa, rb, sb in zip(*ref, *got, strict=True):
+        na, nb = int((ra >= 0).sum()), int((rb >= 0).sum())
+        set_a, set_b = set(ra[:na].tolist()), set(rb[:nb].tolist())
         identical += bool((ra == rb).all())
-        overlap.append(len(set_a & set_b) / max(len(set_a), 1))
-        if set_a == set_b:
-            up_to_ties += bool(len(set_a) == (ra >= 0).sum())
-            continue
-        n = int((ra >= 0).sum())
-        cutoff = sa[n - 1] if n else np.inf
-        missing = set_a - set_b
-        up_to_ties += all(abs(sa[list(ra).index(r)] - cutoff) <= tol for r in missing)
-    n_q = len(rows_a)
+        overlap.append(len(set_a & set_b) / len(set_a) if set_a else float(not set_b))
+        ok = na == nb
+        for rows, scores, other, n_other, other_scores in (
+            (ra[:na], sa[:na], set_b, nb, sb),
+            (rb[:nb], sb[:nb], set_a, na, sa),
+        ):
+            cutoff = other_scores[n_other - 1] if n_other else np.inf
+            ok = ok and all(
+                r in other or abs(s - cutoff) <= tol
+                for r, s in zip(rows.tolist(), scores.tolist(), strict=True)
+            )
+        up_to_ties += ok
+    n_q = len(ref[0])
     return identical / n_q, up_to_ties / n_q, float(np.mean(overlap))
 
 
@@ -288,14 +295,14 @@ def main() -> None:
                 )
                 fidelity = {}
                 for k in (10, 50):
-                    ref_rows, ref_scores = lucene_index.search(queries, k)
+                    ref = lucene_index.search(queries, k)
                     candidates = {
-                        "agentgym-bm25s": ours_index.search(queries, k)[0],
-                        "agentgym-bm25s, no length rounding": exact_len.search(queries, k)[0],
+                        "agentgym-bm25s": ours_index.search(queries, k),
+                        "agentgym-bm25s, no length rounding": exact_len.search(queries, k),
                         "stock-bm25s": searchers["stock-bm25s"](queries, k),
                     }
-                    for name, rows in candidates.items():
-                        ident, ties, overlap = agreement(ref_rows, ref_scores, rows)
+                    for name, got in candidates.items():
+                        ident, ties, overlap = agreement(ref, got)
                         fidelity.setdefault(name, {})[f"top{k}"] = {
                             "identical": ident,
                             "same_up_to_ties": ties,

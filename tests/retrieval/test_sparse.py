@@ -7,11 +7,14 @@ can start here.
 
 from __future__ import annotations
 
+import json
+import lzma
 import math
 import os
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -492,3 +495,42 @@ def test_pyserini_retriever_cleans_up_its_temporary_index(jvm):
     assert where is not None and where.is_dir()
     retriever.close()
     assert not where.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Real data: WebShop's catalogue, where the env needs the same top-50 from either backend
+# ---------------------------------------------------------------------------------------------
+
+SHARED_DATA = Path(
+    os.environ.get(
+        "AGENTGYM_SHARED_DATA", Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+    )
+)
+
+
+@pytest.mark.realdata
+def test_webshop_catalogue_same_top50(jvm, tmp_path):
+    items_xz = SHARED_DATA / "webshop" / "items_shuffle_1000.json.xz"
+    goals_xz = SHARED_DATA / "webshop" / "items_ins_v2_1000.json.xz"
+    if not (items_xz.is_file() and goals_xz.is_file()):
+        pytest.skip(f"WebShop catalogue absent from {items_xz.parent}")
+    with lzma.open(items_xz, "rt") as f:
+        items = json.load(f)
+    with lzma.open(goals_xz, "rt") as f:
+        goals = json.load(f)
+    texts = [
+        " ".join(
+            str(item.get(key) or "")
+            for key in ("name", "full_description", "small_description", "product_category")
+        )
+        for item in items
+    ]
+    # the instructions WebShop gives agents, and the product names (long, many shared words)
+    queries = [g["instruction"] for g in goals.values() if g.get("instruction")]
+    queries += [str(item.get("name") or "") for item in items[:30]]
+    lucene = BM25Index.build(texts, backend="pyserini", path=tmp_path / "webshop")
+    rows_l, scores_l = lucene.search(queries, 50)
+    rows_b, scores_b = BM25Index.build(texts).search(queries, 50)
+    lucene.close()
+    assert_same_topk(rows_l, scores_l, rows_b, scores_b, tol=2e-4)
+    assert (rows_l == rows_b).all(axis=1).mean() > 0.99
