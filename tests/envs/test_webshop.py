@@ -12,10 +12,13 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import random
+import re
 import string
 import subprocess
 import sys
 import textwrap
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -160,6 +163,22 @@ def test_clickables_follow_webshops_dict_of_texts():
 )
 def test_parse_action_is_webshops(action, parsed):
     assert parse_action(action) == parsed
+
+
+def test_parse_action_equals_webshops_regex_on_random_text():
+    webshop = re.compile(r"(.+)\[(.+)\]")  # engine.py's pattern, used with re.match
+    rng = random.Random(0)
+    for _ in range(20_000):
+        action = "".join(rng.choice("ab[]\n ") for _ in range(rng.randint(0, 12)))
+        m = webshop.match(action)
+        assert parse_action(action) == ((action, None) if m is None else m.groups()), action
+
+
+def test_parse_action_is_linear_where_the_regex_is_quadratic():
+    start = time.perf_counter()
+    for action in ("[" * 100_000, "[" * 50_000 + "]", "a[" + "]" * 100_000):
+        parse_action(action)
+    assert time.perf_counter() - start < 0.5
 
 
 # -- the env on the synthetic shop ------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+import os
 from collections.abc import Hashable
 from typing import Any, ClassVar, Literal
 
@@ -20,19 +20,28 @@ __all__ = ["WebShopEnv", "parse_action", "SEARCH_ACTION"]
 
 #: How ``admissible_actions`` shows the search bar (verl-agent's prompt shows it this way).
 SEARCH_ACTION = "search[<your query>]"
-# engine.py:parse_action: re.match, so text after the last "]" is ignored, and "." stops at "\n"
-_ACTION = re.compile(r"(.+)\[(.+)\]")
 
 # page kinds
 SEARCH, RESULTS, ITEM, SUB, DONE = "search", "results", "item", "sub", "done"
 
 
 def parse_action(action: str) -> tuple[str, str | None]:
-    """WebShop's ``parse_action``: ``"click[Buy Now]"`` -> ``("click", "Buy Now")``."""
-    m = _ACTION.match(action)
-    if m is None:
+    r"""WebShop's ``parse_action``: ``"click[Buy Now]"`` -> ``("click", "Buy Now")``.
+
+    Gives exactly what ``re.match(r"(.+)\[(.+)\]", action)`` gives WebShop (``(action, None)``
+    when it does not match), in linear time: the regex backtracks quadratically on text such as
+    ``"[" * 100_000``. Its reading: ``.`` stops at a newline, so everything lies before the first
+    ``"\n"``; the name is greedy, so the ``"["`` is the last one that still leaves a non-empty
+    argument before some ``"]"``; the argument is greedy, so it ends at the last ``"]"``; text
+    after that ``"]"`` is ignored.
+    """
+    line = action.split("\n", 1)[0]
+    close = line.rfind("]")
+    # the "[" must leave a name of >= 1 character before it and an argument of >= 1 after it
+    open_ = line.rfind("[", 1, close - 1) if close >= 3 else -1
+    if open_ < 1:
         return action, None
-    return m.group(1), m.group(2)
+    return line[:open_], line[open_ + 1 : close]
 
 
 def _copy_goal(goal: dict[str, Any]) -> dict[str, Any]:
@@ -114,7 +123,7 @@ class WebShopEnv(TextEnv):
 
     def __init__(
         self,
-        data_dir: str | None = None,
+        data_dir: str | os.PathLike | None = None,
         *,
         catalogue: Literal["small", "full"] = "small",
         synthetic: bool = False,
