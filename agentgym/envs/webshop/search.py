@@ -7,6 +7,11 @@ pyserini's ``DefaultLuceneDocumentGenerator`` and searches it with ``LuceneSearc
 through the shared BM25 layer (:class:`agentgym.retrieval.sparse.BM25Index`): ``"bm25s"`` (the
 default; Lucene's scoring without a JVM) or ``"pyserini"`` (a real Lucene index, opt-in).
 
+Ties: products with mathematically equal BM25 scores come in row (catalogue) order with bm25s.
+Lucene orders them by the float rounding of its clause sums, which depends on the index's
+layout, so stock WebShop's own index can list such tied products in another order (the ranking
+is otherwise the same; ``benchmarks/bench_webshop.py`` counts how often this happens).
+
 One :class:`ProductSearch` per (catalogue, backend) per process (:func:`product_search`), shared
 by every env; its index is built once and kept on disk under
 ``$AGENTGYM_CACHE/webshop/index-<backend>-<catalogue fingerprint>`` (written atomically), so a
