@@ -32,10 +32,16 @@ Policy = Callable[[list[str], list[dict[str, Any]], np.random.Generator], list[s
 def random_policy(
     obs: list[str], infos: list[dict[str, Any]], rng: np.random.Generator
 ) -> list[str]:
-    """Uniform over each env's ``admissible_actions``; envs that list none get ``"look"``."""
+    """Uniform over each env's ``admissible_actions``.
+
+    Families whose actions are free text (SearchQA) list none; they offer
+    ``info["suggested_actions"]`` (searches for the question's entities, answers from the titles
+    retrieved so far), which the random policy draws from instead. Envs with neither get
+    ``"look"``.
+    """
     actions = []
     for info in infos:
-        choices = info.get("admissible_actions") or ["look"]
+        choices = info.get("admissible_actions") or info.get("suggested_actions") or ["look"]
         actions.append(choices[int(rng.integers(len(choices)))])
     return actions
 

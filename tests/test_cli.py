@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import agentgym
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,3 +164,24 @@ def test_play_meta_commands_cost_no_step_and_final_board_prints_once():
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("You reach the goal!") == 1
     assert "Episode over: won" in out.stdout and "The episode is over" in out.stdout
+
+
+def test_rollout_of_a_free_text_family_draws_from_suggested_actions(tmp_path):
+    # SearchQA lists no admissible actions (queries are free text); the random policy plays its
+    # suggested searches and answers instead of an invalid placeholder
+    pytest.importorskip("bm25s")
+    path = tmp_path / "r.json"
+    out = agentgym_cmd(
+        "rollout",
+        "SearchQA-Synthetic-v0",
+        "--groups",
+        "4",
+        "--group-size",
+        "4",
+        "--json",
+        str(path),
+    )
+    assert out.returncode == 0, out.stderr
+    (report,) = json.loads(path.read_text())["reports"]
+    assert report["invalid_fraction"] == 0.0
+    assert report["mean_length"] < 4  # answers end episodes before the 4-turn cap
