@@ -35,6 +35,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,8 +58,8 @@ __all__ = [
 BACKENDS = ("bm25s", "pyserini", "auto")
 META_FILE = "agentgym_bm25.json"
 FORMAT_VERSION = 1
-# Texts larger than this are tokenized with a progress bar.
-_PROGRESS_MIN_TEXTS = 20_000
+# bm25s builds analyse and count this many raw tokens at a time (bounds the build's memory)
+_BLOCK_TOKENS = 2_000_000
 
 # ---------------------------------------------------------------------------------------------
 # The analyzer: Anserini's DefaultEnglishAnalyzer, i.e. StandardTokenizer -> EnglishPossessive
@@ -361,9 +362,15 @@ class _Vocabulary:
         self.term_ids: dict[str, int] = {}  # stemmed term -> column
         self._raw_ids: dict[str, int] = {}  # raw token -> slot in _raw_to_term
         self._raw_to_term = np.empty(0, dtype=np.int64)  # -1 = stop word
+        # searches from several threads (a server's thread pool) extend the cache together
+        self._lock = threading.Lock()
 
     def encode(self, raw_tokens: list[str], *, grow: bool) -> np.ndarray:
         """Term ids of ``raw_tokens``; unknown terms (``grow=False``) and stop words are -1."""
+        with self._lock:
+            return self._encode(raw_tokens, grow=grow)
+
+    def _encode(self, raw_tokens: list[str], *, grow: bool) -> np.ndarray:
         raw_ids = self._raw_ids
         # distinct new tokens in first-seen order (deterministic ids), found at C speed
         new_raw = [t for t in dict.fromkeys(raw_tokens) if t not in raw_ids]
@@ -550,9 +557,11 @@ class BM25Index:
         import bm25s
 
         vocab = _Vocabulary()
-        chunk_terms: list[np.ndarray] = []
-        lengths: list[int] = []
+        block_pairs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (term, doc, freq)
+        block_lengths: list[np.ndarray] = []
         raw_buffer: list[str] = []
+        lengths: list[int] = []  # raw tokens per text of the current block
+        n_docs = 0
         total = len(texts) if hasattr(texts, "__len__") else None
         bar = tqdm(
             texts,
@@ -562,33 +571,47 @@ class BM25Index:
             disable=not show_progress,
             mininterval=0.5,
         )
-        # Tokenize per text, but analyse (possessive/stop/stem/vocabulary) per chunk of texts:
-        # distinct raw tokens are analysed once, and the rest is array work.
+
+        def flush() -> None:
+            # Analyse the block's tokens (distinct raw tokens once), then count (term, doc)
+            # pairs with array ops; only the compact pairs outlive the block.
+            nonlocal raw_buffer, lengths
+            first_doc = n_docs - len(lengths)
+            term_ids = vocab.encode(raw_buffer, grow=True)
+            local_doc = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+            keep = term_ids >= 0  # drop stop words
+            term_ids, local_doc = term_ids[keep], local_doc[keep]
+            block_lengths.append(np.bincount(local_doc, minlength=len(lengths)))
+            pair, freq = np.unique(term_ids * len(lengths) + local_doc, return_counts=True)
+            pair_term, pair_doc = np.divmod(pair, max(len(lengths), 1))
+            block_pairs.append(
+                (pair_term.astype(np.int32), pair_doc + first_doc, freq.astype(np.int32))
+            )
+            raw_buffer, lengths = [], []
+
         for text in bar:
             if not isinstance(text, str):
-                raise TypeError(
-                    f"BM25Index.build takes strings; row {len(lengths)} is {type(text)}"
-                )
+                raise TypeError(f"BM25Index.build takes strings; row {n_docs} is {type(text)}")
             raw = _raw_tokens(text)
-            raw_buffer.extend(raw)
+            raw_buffer += raw
             lengths.append(len(raw))
-            if len(raw_buffer) >= 1_000_000:
-                chunk_terms.append(vocab.encode(raw_buffer, grow=True))
-                raw_buffer = []
-        chunk_terms.append(vocab.encode(raw_buffer, grow=True))
+            n_docs += 1
+            if len(raw_buffer) >= _BLOCK_TOKENS:
+                flush()
+        flush()
         bar.close()
 
-        n_docs = len(lengths)
         n_terms = len(vocab.term_ids)
-        term_ids = np.concatenate(chunk_terms) if chunk_terms else np.empty(0, np.int64)
-        doc_of_token = np.repeat(np.arange(n_docs, dtype=np.int64), lengths)
-        keep = term_ids >= 0  # drop stop words
-        term_ids, doc_of_token = term_ids[keep], doc_of_token[keep]
-        doc_len = np.bincount(doc_of_token, minlength=n_docs)
-
-        # (term, doc) pairs with their frequency, sorted by term then doc: CSC order
-        pair, freq = np.unique(term_ids * max(n_docs, 1) + doc_of_token, return_counts=True)
-        pair_term, pair_doc = np.divmod(pair, max(n_docs, 1))
+        doc_len = np.concatenate(block_lengths)
+        pair_term = np.concatenate([p[0] for p in block_pairs])
+        pair_doc = np.concatenate([p[1] for p in block_pairs])
+        freq = np.concatenate([p[2] for p in block_pairs])
+        block_pairs.clear()
+        # CSC order (by term, then doc): blocks come in doc order, so a stable sort by term does it
+        if len(block_lengths) > 1:
+            order = np.argsort(pair_term, kind="stable")
+            pair_term, pair_doc, freq = pair_term[order], pair_doc[order], freq[order]
+            del order
         doc_freq = np.bincount(pair_term, minlength=n_terms)
 
         # Lucene's collection statistics count only documents that have the field (>= 1 term)

@@ -534,3 +534,31 @@ def test_webshop_catalogue_same_top50(jvm, tmp_path):
     lucene.close()
     assert_same_topk(rows_l, scores_l, rows_b, scores_b, tol=2e-4)
     assert (rows_l == rows_b).all(axis=1).mean() > 0.99
+
+
+def test_blockwise_build_equals_one_block(monkeypatch):
+    import agentgym.retrieval.sparse as sparse
+
+    passages, queries = generated_passages(400, seed=3)
+    whole = BM25Index.build(passages)
+    monkeypatch.setattr(sparse, "_BLOCK_TOKENS", 97)  # hundreds of blocks
+    blocks = BM25Index.build(passages)
+    for key in ("data", "indices", "indptr"):
+        np.testing.assert_array_equal(whole._bm25.scores[key], blocks._bm25.scores[key])
+    assert whole._bm25.vocab_dict == blocks._bm25.vocab_dict
+    for a, b_ in zip(whole.search(queries, 10), blocks.search(queries, 10), strict=True):
+        np.testing.assert_array_equal(a, b_)
+
+
+def test_concurrent_searches_agree_with_serial():
+    from concurrent.futures import ThreadPoolExecutor
+
+    passages, queries = generated_passages(500, seed=4)
+    index = BM25Index.build(passages)
+    serial = [index.search([q], 5) for q in queries]
+    fresh = BM25Index.build(passages)  # an empty query cache, filled by racing threads
+    with ThreadPoolExecutor(8) as pool:
+        parallel = list(pool.map(lambda q: fresh.search([q], 5), queries))
+    for (r1, s1), (r2, s2) in zip(serial, parallel, strict=True):
+        np.testing.assert_array_equal(r1, r2)
+        np.testing.assert_array_equal(s1, s2)
