@@ -92,3 +92,37 @@ def searchqa_real_data(searchqa_files, monkeypatch) -> Path:
     """``$SEARCHQA_DATA`` for ``AgentGym/SearchQA-v0``; sets ``$SEARCHQA_RETRIEVER`` for the test."""
     monkeypatch.setenv("SEARCHQA_RETRIEVER", str(searchqa_files / "bm25"))
     return searchqa_files / "test.parquet"
+
+
+#: family -> (fixture giving a real data root, the env variable the family reads it from)
+REAL_DATA = {
+    "alfworld": ("alfworld_real_root", "ALFWORLD_DATA"),
+    "searchqa": ("searchqa_real_data", "SEARCHQA_DATA"),
+    "webshop": ("webshop_real_data", "WEBSHOP_DATA"),
+}
+
+
+@pytest.fixture
+def make(request, monkeypatch):
+    """``make(env_id)``: gym.make for the registry-wide tests, with real data unpacked from
+    ../shared/data (or generated in the family's real format) where the id needs it; skips ids
+    whose optional packages or real data are absent here."""
+    import gymnasium as gym
+
+    import agentgym
+
+    def _make(env_id: str) -> gym.Env:
+        e = agentgym.entry(env_id)
+        if not e.available():
+            pytest.skip(f"{env_id} needs {e.needs}")
+        if e.real_data and e.family in REAL_DATA:
+            fixture, variable = REAL_DATA[e.family]
+            monkeypatch.setenv(variable, str(request.getfixturevalue(fixture)))
+        try:
+            return gym.make(env_id)
+        except FileNotFoundError as exc:
+            if e.real_data:
+                pytest.skip(f"{env_id}: real data not found ({exc})")
+            raise
+
+    return _make

@@ -33,39 +33,6 @@ GARBAGE_ACTIONS = [
 ]
 
 
-#: family -> (fixture giving a real data root, the env variable the family reads it from)
-REAL_DATA = {
-    "alfworld": ("alfworld_real_root", "ALFWORLD_DATA"),
-    "searchqa": ("searchqa_real_data", "SEARCHQA_DATA"),
-    "webshop": ("webshop_real_data", "WEBSHOP_DATA"),
-}
-
-
-@pytest.fixture
-def make(request, monkeypatch):
-    """``make(env_id)``: gym.make, with real data unpacked from ../shared/data where needed."""
-
-    def _make(env_id: str) -> gym.Env:
-        e = agentgym.entry(env_id)
-        if not e.available():
-            pytest.skip(f"{env_id} needs {e.needs}")
-        if e.real_data and e.family in REAL_DATA:
-            fixture, variable = REAL_DATA[e.family]
-            monkeypatch.setenv(variable, str(request.getfixturevalue(fixture)))
-        return _make_or_skip(e, env_id)
-
-    return _make
-
-
-def _make_or_skip(e, env_id: str) -> gym.Env:
-    try:
-        return gym.make(env_id)
-    except FileNotFoundError as exc:
-        if e.real_data:
-            pytest.skip(f"{env_id}: real data not found ({exc})")
-        raise
-
-
 def rollout(env: gym.Env, seed: int, n_steps: int, action_seed: int = 0):
     """(obs, reward, terminated, truncated, state_key) per step, random admissible actions."""
     rng = np.random.default_rng(action_seed)

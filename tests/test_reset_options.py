@@ -11,29 +11,6 @@ import pytest
 import agentgym
 from agentgym.core import ResetOptionError
 
-#: family -> (fixture giving a real data root, the env variable the family reads it from)
-REAL_DATA = {"alfworld": ("alfworld_real_root", "ALFWORLD_DATA")}
-
-
-@pytest.fixture
-def make(request, monkeypatch):
-    def _make(env_id: str) -> gym.Env:
-        e = agentgym.entry(env_id)
-        if not e.available():
-            pytest.skip(f"{env_id} needs {e.needs}")
-        if e.real_data and e.family in REAL_DATA:
-            fixture, variable = REAL_DATA[e.family]
-            monkeypatch.setenv(variable, str(request.getfixturevalue(fixture)))
-        try:
-            return gym.make(env_id).unwrapped
-        except FileNotFoundError as exc:
-            if e.real_data:
-                pytest.skip(f"{env_id}: real data not found ({exc})")
-            raise
-
-    return _make
-
-
 ids = pytest.mark.parametrize("env_id", agentgym.env_ids())
 
 
@@ -44,7 +21,7 @@ def _first(env, **reset):
 
 @ids
 def test_task_ids_round_trip(env_id, make):
-    env, other = make(env_id), make(env_id)
+    env, other = make(env_id).unwrapped, make(env_id).unwrapped
     splits = [None]
     for split in ("valid", "test", "valid_seen"):
         try:
@@ -63,7 +40,7 @@ def test_task_ids_round_trip(env_id, make):
 
 @ids
 def test_bad_reset_options_raise_one_documented_error(env_id, make):
-    env = make(env_id)
+    env = make(env_id).unwrapped
     env.reset(seed=0)
     foreign = {e.id: None for e in agentgym.ENTRIES if e.family != env.family}
     bad: list = [
@@ -95,7 +72,7 @@ def test_bad_reset_options_raise_one_documented_error(env_id, make):
 
 @ids
 def test_surrounding_whitespace_never_changes_an_action(env_id, make):
-    env = make(env_id)
+    env = make(env_id).unwrapped
     rng = np.random.default_rng(0)
     obs, info = env.reset(seed=4)
     for _ in range(6):
