@@ -273,6 +273,10 @@ class DenseIndex:
             options.useFloat16 = True  # Search-R1's settings: fp16 vectors, sharded over GPUs
             options.shard = True
             self._gpu_index = faiss.index_cpu_to_all_gpus(self.cpu_index, co=options)
+            if self.kind == "ivfpq":  # GPU shards take nprobe once, not per-call parameters
+                faiss.GpuParameterSpace().set_index_parameter(
+                    self._gpu_index, "nprobe", self.nprobe
+                )
         elif self.search_path.startswith("torch"):
             import faiss
             import torch
@@ -320,7 +324,7 @@ class DenseIndex:
         # per-call parameters: thread-safe, unlike setting efSearch / nprobe on the index
         if self.kind == "hnsw" and self.search_path == "faiss-cpu":
             return faiss.SearchParametersHNSW(efSearch=self.ef_search)
-        if self.kind == "ivfpq":
+        if self.kind == "ivfpq" and self.search_path == "faiss-cpu":
             return faiss.SearchParametersIVF(nprobe=self.nprobe)
         return None
 
