@@ -116,6 +116,26 @@ def test_kill_while_replacing_a_checkpoint_keeps_the_old_one(tmp_path):
     assert state["iteration"] == 2
 
 
+def test_a_kill_between_the_two_renames_of_a_replacement_is_recovered(tmp_path):
+    """Replacing checkpoint-N moves the old one aside, then renames the new one in; a kill
+    between the two leaves no checkpoint-N but two complete hidden folders. Resume publishes
+    the newer one and tidies the rest."""
+    import shutil
+
+    from trainers.gigpo.checkpoint import resolve_resume
+
+    run = tmp_path / "run"
+    main(cli_args(run, iterations=2))
+    os.replace(run / "checkpoint-2", run / ".checkpoint-2.old-101")  # what the kill left
+    shutil.copytree(run / ".checkpoint-2.old-101", run / ".checkpoint-2.partial-101")
+    (run / ".checkpoint-3.partial-101").mkdir()  # and a save killed before its manifest
+    assert latest_complete(run) == run / "checkpoint-1"
+
+    assert resolve_resume(run) == run / "checkpoint-2"
+    assert checkpoint_problem(run / "checkpoint-2") is None
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []
+
+
 def test_incomplete_checkpoint_is_refused_in_one_line_naming_the_latest_complete(tmp_path, capsys):
     """A checkpoint whose tokenizer is gone does not resume with a rebuilt 5-token tokenizer."""
     run = tmp_path / "run"

@@ -447,14 +447,15 @@ class _CtrlC:
         self.requested = False
         self._previous: Any = None
 
-    def __enter__(self) -> _CtrlC:
+    def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._on_sigint)
-        return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def restore(self) -> None:
+        """Give SIGINT back to the handler it had before :meth:`install`."""
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         if self.must_finish and not self.requested:
@@ -557,8 +558,6 @@ def train(config: Config) -> list[dict[str, Any]]:
     resume_dir = resolve_resume(config.resume) if config.resume else None
     out_dir = config.run_dir()
     resuming_in_place = resume_dir is not None and resume_dir.parent.resolve() == out_dir.resolve()
-    if config.overwrite and not resuming_in_place:
-        checkpoint.remove_run(out_dir)
     state = checkpoint.load_state(resume_dir) if resume_dir else None
     loud = not config.quiet
 
@@ -676,6 +675,8 @@ def train(config: Config) -> list[dict[str, Any]]:
         start, history = state["iteration"], list(state["history"])
         torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])
+    if config.overwrite and not resuming_in_place:  # only now: a failed load keeps the old run
+        checkpoint.remove_run(out_dir)
     logger = MetricLogger(
         out_dir, config.tensorboard, history, start if resume_dir is not None else None
     )
@@ -742,7 +743,7 @@ def train(config: Config) -> list[dict[str, Any]]:
     consistent: tuple[int, int, dict[str, Any]] | None = (start, len(history), rng_state())
     ctrl_c = _CtrlC()
     try:
-        ctrl_c.__enter__()
+        ctrl_c.install()
         if device.type == "cpu" and config.cpu_threads:
             torch.set_num_threads(config.cpu_threads)  # restored in `finally`
         for it in iterations:
@@ -937,7 +938,7 @@ def train(config: Config) -> list[dict[str, Any]]:
     except KeyboardInterrupt:
         raise _interrupted(consistent, last_saved, out_dir, save) from None
     finally:
-        ctrl_c.__exit__()
+        ctrl_c.restore()
         torch.set_num_threads(threads_before)
         for b in (phase, bar):
             if b is not None:
