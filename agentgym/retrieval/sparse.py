@@ -6,14 +6,17 @@ Two backends give the same rankings:
   analysed by :func:`lucene_tokenize`, a re-implementation of the analyzer pyserini indexes with
   (Anserini's ``DefaultEnglishAnalyzer``), and scored exactly as Lucene's ``BM25Similarity``
   scores: Lucene's idf, float32 arithmetic in Lucene's order, and document lengths rounded to the
-  one-byte ``SmallFloat`` norms Lucene keeps (that rounding moves scores of documents longer than
-  24 terms by up to ~6 %, enough to reorder close results, so it is reproduced). The per-term
-  scores live in bm25s's eager sparse matrix and its on-disk format (loadable with
+  one-byte ``SmallFloat`` norms Lucene keeps. That rounding (exact below 24 terms, 4 significant
+  bits above, so up to ~11 % short) moves scores by a few percent: on generated corpora, without
+  it a quarter of the top-10 lists come out in a different order, so it is reproduced. The
+  per-term scores live in bm25s's eager sparse matrix and its on-disk format (loadable with
   ``bm25s.BM25.load``, memory-mapped by :meth:`BM25Index.load`).
-* ``"pyserini"``: a real Lucene index searched by pyserini's ``LuceneSearcher``. It needs a
-  Java 21+ virtual machine in the process (see :mod:`agentgym.retrieval.java`) and a JVM does not
+* ``"pyserini"``: a real Lucene index, built by Anserini's ``SimpleIndexer`` and searched by its
+  ``SimpleSearcher`` (the class pyserini's ``LuceneSearcher`` wraps), in-process through pyjnius.
+  It needs a Java 21+ virtual machine (see :mod:`agentgym.retrieval.java`), and a JVM does not
   survive ``fork``: create (or load) a pyserini index inside the process that searches it, never
-  before forking workers. It is opt-in because the two backends rank alike.
+  before forking workers; search it from one thread. Its scores are Anserini's, rounded to 1e-4.
+  It is opt-in because the two backends rank alike.
 
 Defaults ``k1=0.9, b=0.4`` are pyserini's ``LuceneSearcher`` defaults, used by Search-R1 and
 WebShop.
@@ -60,6 +63,8 @@ META_FILE = "agentgym_bm25.json"
 FORMAT_VERSION = 1
 # bm25s builds analyse and count this many raw tokens at a time (bounds the build's memory)
 _BLOCK_TOKENS = 2_000_000
+# distinct raw query tokens remembered (with their analysis) before the cache starts over
+_QUERY_CACHE_LIMIT = 200_000
 
 # ---------------------------------------------------------------------------------------------
 # The analyzer: Anserini's DefaultEnglishAnalyzer, i.e. StandardTokenizer -> EnglishPossessive
@@ -361,13 +366,16 @@ class _Vocabulary:
     def __init__(self) -> None:
         self.term_ids: dict[str, int] = {}  # stemmed term -> column
         self._raw_ids: dict[str, int] = {}  # raw token -> slot in _raw_to_term
-        self._raw_to_term = np.empty(0, dtype=np.int64)  # -1 = stop word
+        self._raw_to_term = np.empty(1024, dtype=np.int64)  # slot -> term id, -1 = stop word
         # searches from several threads (a server's thread pool) extend the cache together
         self._lock = threading.Lock()
 
     def encode(self, raw_tokens: list[str], *, grow: bool) -> np.ndarray:
         """Term ids of ``raw_tokens``; unknown terms (``grow=False``) and stop words are -1."""
         with self._lock:
+            if not grow and len(self._raw_ids) > _QUERY_CACHE_LIMIT:
+                # queries must not grow the cache without bound in a long-lived server
+                self._raw_ids = {}
             return self._encode(raw_tokens, grow=grow)
 
     def _encode(self, raw_tokens: list[str], *, grow: bool) -> np.ndarray:
@@ -375,10 +383,14 @@ class _Vocabulary:
         # distinct new tokens in first-seen order (deterministic ids), found at C speed
         new_raw = [t for t in dict.fromkeys(raw_tokens) if t not in raw_ids]
         if new_raw:
-            raw_ids.update(
-                zip(new_raw, range(len(raw_ids), len(raw_ids) + len(new_raw)), strict=True)
-            )
-            mapped = np.full(len(new_raw), -1, dtype=np.int64)
+            first, end = len(raw_ids), len(raw_ids) + len(new_raw)
+            raw_ids.update(zip(new_raw, range(first, end), strict=True))
+            if end > len(self._raw_to_term):  # grow by doubling: amortised O(1) per token
+                grown = np.empty(max(end, 2 * len(self._raw_to_term)), dtype=np.int64)
+                grown[:first] = self._raw_to_term[:first]
+                self._raw_to_term = grown
+            mapped = self._raw_to_term[first:end]
+            mapped.fill(-1)
             for j, term in enumerate(_terms_of_raw(new_raw)):
                 if term is None:
                     continue
@@ -387,14 +399,10 @@ class _Vocabulary:
                     tid = self.term_ids[term] = len(self.term_ids)
                 if tid is not None:
                     mapped[j] = tid
-            self._raw_to_term = np.concatenate([self._raw_to_term, mapped])
         ids = np.fromiter(
             map(raw_ids.__getitem__, raw_tokens), dtype=np.int64, count=len(raw_tokens)
         )
-        if not grow and len(raw_ids) > 200_000:
-            # queries must not grow the cache without bound in a long-lived server
-            self._raw_ids, self._raw_to_term = {}, np.empty(0, dtype=np.int64)
-        return self._raw_to_term[ids] if len(ids) else ids
+        return self._raw_to_term[ids]
 
 
 # ---------------------------------------------------------------------------------------------

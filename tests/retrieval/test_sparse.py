@@ -562,3 +562,15 @@ def test_concurrent_searches_agree_with_serial():
     for (r1, s1), (r2, s2) in zip(serial, parallel, strict=True):
         np.testing.assert_array_equal(r1, r2)
         np.testing.assert_array_equal(s1, s2)
+
+
+def test_query_cache_starts_over_without_changing_results(monkeypatch):
+    import agentgym.retrieval.sparse as sparse
+
+    passages, queries = generated_passages(300, seed=5)
+    expected = BM25Index.build(passages).search(queries, 5)
+    monkeypatch.setattr(sparse, "_QUERY_CACHE_LIMIT", 3)  # starts over on nearly every call
+    index = BM25Index.build(passages)
+    got = [index.search([q], 5) for q in queries]
+    np.testing.assert_array_equal(expected[0], np.concatenate([r for r, _ in got]))
+    np.testing.assert_array_equal(expected[1], np.concatenate([s for _, s in got]))
