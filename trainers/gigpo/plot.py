@@ -59,6 +59,8 @@ def plot_history(records: Sequence[dict[str, Any]], out: str | Path, title: str 
                 xs, ys = zip(*points, strict=True)
                 ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3, label=label)
         ax.set_title(panel)
+        if panel.endswith("rate"):
+            ax.set_ylim(-0.03, 1.03)  # rates on one scale, so runs compare at a glance
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
         if ax.lines:
