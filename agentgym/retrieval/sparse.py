@@ -762,14 +762,17 @@ class BM25Index:
                 [data[a:z] * float(c) for a, z, c in zip(starts, ends, counts, strict=True)],
                 dtype=np.float64,
             )
-            if len(term_ids) > 1:
-                if n_postings * 8 > n_docs:  # dense accumulator: O(postings + docs)
-                    acc = np.bincount(docs, weights=vals, minlength=n_docs)
-                    docs = np.flatnonzero(acc)
-                    vals = acc[docs]
-                else:  # few postings: sort them instead of touching every document
-                    docs, inverse = np.unique(docs, return_inverse=True)
-                    vals = np.bincount(inverse, weights=vals, minlength=len(docs))
+            if len(term_ids) > 1 and n_postings * 8 > n_docs:
+                # dense accumulator, O(postings + docs): select the top k on it directly
+                acc = np.bincount(docs, weights=vals, minlength=n_docs).astype(np.float32)
+                kth = acc[np.argpartition(acc, n_docs - k)[n_docs - k :]].min() if n_docs > k else 0
+                # every document tied with the k-th score, so that ties resolve by row below
+                # (comparing first: flatnonzero of a bool mask is ~15x faster than of floats)
+                docs = np.flatnonzero(acc >= kth) if kth > 0 else np.flatnonzero(acc > 0)
+                vals = acc[docs]
+            elif len(term_ids) > 1:  # few postings: sort them instead of touching every document
+                docs, inverse = np.unique(docs, return_inverse=True)
+                vals = np.bincount(inverse, weights=vals, minlength=len(docs))
             vals = vals.astype(np.float32)
             if len(vals) > k:
                 # keep everything tied with the k-th score so that ties resolve by row below
@@ -970,17 +973,9 @@ def _lucene_search(
     if not len(queries):
         return rows, scores
     texts = [_java_safe(q if isinstance(q, str) else str(q)) for q in queries]
-    if len(texts) == 1:
-        results = [index._lucene.search(texts[0], k)]
-    else:
-        array_list = _anserini("java.util.ArrayList")
-        jqueries, jqids = array_list(), array_list()
-        for i, q in enumerate(texts):
-            jqueries.add(q)
-            jqids.add(str(i))
-        # the searcher runs the batch on its own thread pool
-        by_qid = index._lucene.batch_search(jqueries, jqids, k, os.cpu_count() or 1)
-        results = [by_qid.get(str(i)) for i in range(len(texts))]
+    # One search call per query: Anserini's batch_search (a fresh thread pool per batch) took
+    # 4-8x longer per query than this loop on a 2-core machine, at 1k to 100k documents.
+    results = [index._lucene.search(q, k) for q in texts]
     for i, hits in enumerate(results):
         for j, hit in enumerate(hits or ()):
             rows[i, j] = int(hit.docid)
