@@ -1,0 +1,196 @@
+"""An OpenEnv server for any agentgym id: ``agentgym serve ID --port P``.
+
+Built on OpenEnv's own ``HTTPEnvServer`` (``openenv-core``), so the wire protocol is OpenEnv's:
+
+- ``/ws`` (WebSocket): one session per connection, with its own env. Messages are
+  ``{"type": "reset", "data": {"seed": 0, "options": {...}}}``, ``{"type": "step", "data":
+  {"text": "up"}}``, ``{"type": "state"}`` and ``{"type": "close"}``; answers are ``observation``,
+  ``state`` or ``error`` messages (``{"type": "error", "data": {"message", "code"}}``). A bad
+  message (not JSON, wrong types, unknown type, step before reset) gets an error and the session
+  keeps serving.
+- HTTP: ``POST /reset`` (a fresh env per call: the first observation of a seed), ``GET /health``,
+  ``/schema``, ``/metadata``, ``/state``. ``POST /step`` over HTTP answers 409: an episode lives
+  in a WebSocket session. Malformed requests get 422 with the reason.
+
+What this module adds to OpenEnv's server: the session bound (``max_sessions``; a connection
+beyond it gets a ``CAPACITY_REACHED`` error and is closed, never queued), an idle timeout that
+is checked often enough for short timeouts (OpenEnv's own reaper wakes every >= 5 s), a clear
+error on the next message of an expired session, and agentgym's errors mapped to 4xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request, WebSocketDisconnect
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from agentgym.core import ResetOptionError
+from agentgym.envs import MissingExtra, install_hint
+
+try:
+    from openenv.core.env_server.http_server import HTTPEnvServer
+    from openenv.core.env_server.types import ConcurrencyConfig
+except ImportError as exc:  # one line naming the extra, not a traceback into openenv
+    raise MissingExtra(
+        f"agentgym serve needs openenv-core, not installed: {install_hint('openenv')}"
+    ) from exc
+
+from agentgym.integrations.openenv import (
+    AgentGymAction,
+    AgentGymObservation,
+    ServedEnvironment,
+    SessionError,
+)
+
+__all__ = ["DEFAULT_MAX_SESSIONS", "DEFAULT_SESSION_TIMEOUT_S", "create_app", "serve"]
+
+logger = logging.getLogger(__name__)
+
+#: sessions (WebSocket connections, each with its own env) served at once by default
+DEFAULT_MAX_SESSIONS = 32
+#: seconds a session may stay idle before the server closes it, by default
+DEFAULT_SESSION_TIMEOUT_S = 300.0
+
+
+class _AgentGymEnvServer(HTTPEnvServer):
+    """OpenEnv's server with an idle-session reaper that suits short timeouts and says why."""
+
+    async def _reap_idle_sessions(self) -> None:
+        timeout = self._session_idle_timeout_s
+        if timeout is None:
+            return
+        # wake often enough that a session lives at most ~1.25x its timeout (OpenEnv waits >= 5 s)
+        interval = min(max(timeout / 4, 0.05), 5.0)
+        while True:
+            try:
+                await asyncio.sleep(interval)
+                now = time.time()
+                async with self._session_lock:
+                    stale = [
+                        sid
+                        for sid, info in self._session_info.items()
+                        if now - info.last_activity_at > timeout
+                    ]
+                for sid in stale:
+                    async with self._session_lock:  # activity may have arrived since the scan
+                        info = self._session_info.get(sid)
+                        if info is None or time.time() - info.last_activity_at <= timeout:
+                            continue
+                        env = self._sessions.get(sid)
+                    if isinstance(env, ServedEnvironment):
+                        env.expire(
+                            f"session closed after {timeout:g} s without a message "
+                            "(--session-timeout); open a new connection"
+                        )
+                    await self._destroy_session(sid)
+            except asyncio.CancelledError:
+                break
+            except Exception as exc:  # noqa: BLE001 - the reaper must outlive one bad session
+                logger.warning("idle-session reaper: %s: %s (will retry)", type(exc).__name__, exc)
+
+
+class _QuietClientDisconnect:
+    """ASGI middleware: a client that hangs up first is normal, not a server error.
+
+    OpenEnv's ``/ws`` handler closes the socket in ``finally`` and lets the
+    ``WebSocketDisconnect`` of an already-gone client escape, which uvicorn logs as an
+    "Exception in ASGI application" traceback on every ordinary disconnect.
+    """
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except WebSocketDisconnect:
+            if scope["type"] != "websocket":
+                raise
+
+
+def create_app(
+    env_id: str,
+    *,
+    env_kwargs: dict[str, Any] | None = None,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    session_timeout: float | None = DEFAULT_SESSION_TIMEOUT_S,
+) -> FastAPI:
+    """The FastAPI app serving ``env_id`` over OpenEnv's protocol (see the module docstring).
+
+    ``max_sessions`` (>= 1) bounds the concurrent sessions; ``session_timeout`` is the idle time
+    in seconds after which a session is closed (None: never). The id is checked here: an unknown
+    id raises ``KeyError`` and missing packages :class:`agentgym.envs.MissingExtra`, each naming
+    what to do; the env's own data is checked when :func:`serve` builds a first env.
+    """
+    import agentgym
+
+    agentgym.entry(env_id).check_available()
+    if max_sessions < 1:
+        raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
+    if session_timeout is not None and not session_timeout > 0:
+        raise ValueError(f"session_timeout must be > 0 seconds or None, got {session_timeout}")
+    # a partial of the class (not a lambda): OpenEnv then reads SUPPORTS_CONCURRENT_SESSIONS from
+    # the class instead of building a throwaway env to check it
+    factory = functools.partial(ServedEnvironment, env_id, env_kwargs)
+    server = _AgentGymEnvServer(
+        factory,
+        AgentGymAction,
+        AgentGymObservation,
+        concurrency_config=ConcurrencyConfig(
+            max_concurrent_envs=max_sessions, session_timeout=session_timeout
+        ),
+    )
+    app = FastAPI(
+        title=f"agentgym {env_id} (OpenEnv protocol)",
+        version=agentgym.__version__,
+        description=__doc__,
+    )
+    server.register_routes(app)
+    app.state.openenv_server = server  # for introspection (active sessions) and tests
+
+    # errors raised inside OpenEnv's HTTP handlers would otherwise be 500s
+    async def session_error(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(status_code=409, content={"detail": str(exc)})
+
+    async def bad_input(request: Request, exc: Exception) -> JSONResponse:
+        detail = exc.errors(include_url=False) if isinstance(exc, ValidationError) else str(exc)
+        return JSONResponse(status_code=422, content={"detail": detail})
+
+    app.add_middleware(_QuietClientDisconnect)
+    app.add_exception_handler(SessionError, session_error)
+    app.add_exception_handler(ResetOptionError, bad_input)
+    app.add_exception_handler(ValidationError, bad_input)
+    return app
+
+
+def serve(
+    env_id: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    env_kwargs: dict[str, Any] | None = None,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    session_timeout: float | None = DEFAULT_SESSION_TIMEOUT_S,
+    log_level: str = "info",
+) -> None:
+    """Serve ``env_id`` until interrupted (blocking). Binds 127.0.0.1 unless ``host`` says otherwise.
+
+    One env is built and reset first, so a missing data set fails here in one message rather than
+    in the first session, and the family's shared data is loaded before the first client waits.
+    """
+    import gymnasium as gym
+    import uvicorn
+
+    app = create_app(
+        env_id, env_kwargs=env_kwargs, max_sessions=max_sessions, session_timeout=session_timeout
+    )
+    probe = gym.make(env_id, **(env_kwargs or {}))
+    probe.reset(seed=0)
+    probe.close()
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
