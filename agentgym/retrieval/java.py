@@ -35,6 +35,7 @@ _INSTALL_HINT = (
 
 _lock = threading.Lock()
 _started_home: str | None = None
+_failure: JavaUnavailableError | None = None  # a failed start is final for the process
 
 
 class JavaUnavailableError(RuntimeError):
@@ -194,44 +195,54 @@ def ensure_java() -> str:
     answers. Cached: later calls return at once. Raises :class:`JavaUnavailableError`, saying
     what to install, when no suitable JVM can start.
     """
-    global _started_home
+    global _started_home, _failure
     if _started_home is not None:
         return _started_home
     with _lock:
         if _started_home is not None:
             return _started_home
-        if "jnius" in sys.modules:
-            # someone started a JVM already; we can only check that it is new enough
-            version = _running_java_version()
-            major = int(re.findall(r"\d+", version)[0])
-            if major < MIN_JAVA:
-                raise JavaUnavailableError(
-                    f"a Java {version} JVM was already started in this process (pyjnius was "
-                    f"imported before agentgym chose a JVM); pyserini needs {MIN_JAVA}+. Call "
-                    "agentgym.retrieval.java.ensure_java() before importing pyserini or jnius, "
-                    f"or {_INSTALL_HINT}"
-                )
-            _started_home = os.environ.get("JAVA_HOME", "")
-            return _started_home
-
-        home = _choose_home()
-        os.environ["JAVA_HOME"] = str(home)
-        os.environ["JVM_PATH"] = str(_libjvm(home))
+        if _failure is not None:
+            raise _failure
         try:
-            _configure_classpath(home)
-            import jnius  # noqa: F401  (this import starts the JVM)
-
-            version = _running_java_version()
-            _quiet_jvm_logs()
-        except Exception as err:  # any JNI/JVM start failure ends up here  # noqa: BLE001
-            raise JavaUnavailableError(
-                f"the Java {_fmt(java_version(home))} JVM at {home} did not start ({err}). "
-                f"To fix: {_INSTALL_HINT}"
-            ) from err
-        if int(re.findall(r"\d+", version)[0]) < MIN_JAVA:
-            raise JavaUnavailableError(
-                f"pyjnius started Java {version}, older than the {MIN_JAVA} pyserini needs. "
-                f"To fix: {_INSTALL_HINT}"
-            )
-        _started_home = str(home)
+            _started_home = _start()
+        except JavaUnavailableError as err:
+            _failure = err
+            raise
         return _started_home
+
+
+def _start() -> str:
+    """Choose a JVM, configure pyjnius, start it and check its version; return JAVA_HOME."""
+    if "jnius" in sys.modules:
+        # someone started a JVM already; we can only check that it is new enough
+        version = _running_java_version()
+        major = int(re.findall(r"\d+", version)[0])
+        if major < MIN_JAVA:
+            raise JavaUnavailableError(
+                f"a Java {version} JVM was already started in this process (pyjnius was "
+                f"imported before agentgym chose a JVM); pyserini needs {MIN_JAVA}+. Call "
+                "agentgym.retrieval.java.ensure_java() before importing pyserini or jnius, "
+                f"or {_INSTALL_HINT}"
+            )
+        return os.environ.get("JAVA_HOME", "")
+
+    home = _choose_home()
+    os.environ["JAVA_HOME"] = str(home)
+    os.environ["JVM_PATH"] = str(_libjvm(home))
+    try:
+        _configure_classpath(home)
+        import jnius  # noqa: F401  (this import starts the JVM)
+
+        version = _running_java_version()
+        _quiet_jvm_logs()
+    except Exception as err:  # any JNI/JVM start failure ends up here  # noqa: BLE001
+        raise JavaUnavailableError(
+            f"the Java {_fmt(java_version(home))} JVM at {home} did not start ({err}). "
+            f"To fix: {_INSTALL_HINT}"
+        ) from err
+    if int(re.findall(r"\d+", version)[0]) < MIN_JAVA:
+        raise JavaUnavailableError(
+            f"pyjnius started Java {version}, older than the {MIN_JAVA} pyserini needs. "
+            f"To fix: {_INSTALL_HINT}"
+        )
+    return str(home)

@@ -469,7 +469,8 @@ def _resolve_backend(backend: str) -> str:
 def _replace_dir(tmp: Path, path: Path) -> None:
     """Move the finished directory ``tmp`` to ``path``, replacing what is there.
 
-    A reader sees either the old complete index or the new one, never a half-written directory.
+    A reader finds the old complete index or the new one (or, for an instant, none), never a
+    half-written directory; a killed build leaves only a ``.NAME.tmp-*`` directory behind.
     """
     if path.exists():
         trash = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
