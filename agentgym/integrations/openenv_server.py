@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
+import sys
 import time
 from typing import Any
 
@@ -95,23 +97,68 @@ class _AgentGymEnvServer(HTTPEnvServer):
                 logger.warning("idle-session reaper: %s: %s (will retry)", type(exc).__name__, exc)
 
 
-class _QuietClientDisconnect:
-    """ASGI middleware: a client that hangs up first is normal, not a server error.
+class _WebSocketGuard:
+    """ASGI middleware in front of OpenEnv's WebSocket endpoints (``/ws``, ``/mcp``).
 
-    OpenEnv's ``/ws`` handler closes the socket in ``finally`` and lets the
-    ``WebSocketDisconnect`` of an already-gone client escape, which uvicorn logs as an
-    "Exception in ASGI application" traceback on every ordinary disconnect.
+    - A frame OpenEnv would die on is answered here with an error, and the session keeps
+      serving: OpenEnv's handlers parse each text frame and call ``.get`` on it outside their
+      error handling, so JSON that is not an object (``[1, 2]``, ``3``, ``null``) or a binary
+      frame ends the session. Text that is not JSON at all still reaches OpenEnv, which answers
+      ``INVALID_JSON`` itself.
+    - A client that hangs up first is normal, not a server error: OpenEnv's handler closes the
+      socket in ``finally`` and lets the ``WebSocketDisconnect`` of an already-gone client
+      escape, which uvicorn would log as a traceback on every ordinary disconnect.
     """
 
     def __init__(self, app: Any):
         self.app = app
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        try:
+        if scope["type"] != "websocket":
             await self.app(scope, receive, send)
+            return
+        jsonrpc = scope.get("path", "").rstrip("/").endswith("/mcp")
+
+        async def checked_receive() -> dict:
+            while True:
+                message = await receive()
+                if message["type"] != "websocket.receive":
+                    return message
+                problem = _frame_problem(message)
+                if problem is None:
+                    return message
+                # the handler is waiting in receive(), so nothing else is sending right now
+                await send({"type": "websocket.send", "text": _error_frame(problem, jsonrpc)})
+
+        try:
+            await self.app(scope, checked_receive, send)
         except WebSocketDisconnect:
-            if scope["type"] != "websocket":
-                raise
+            pass
+
+
+def _frame_problem(message: dict) -> str | None:
+    """Why OpenEnv could not survive this frame, or None if it can take it."""
+    text = message.get("text")
+    if text is None:
+        return 'binary frames are not messages: send JSON text such as {"type": "reset"}'
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None  # OpenEnv answers INVALID_JSON itself
+    if not isinstance(value, dict):
+        return (
+            f'a message is a JSON object such as {{"type": "step", "data": '
+            f'{{"text": "up"}}}}, got JSON {type(value).__name__}'
+        )
+    return None
+
+
+def _error_frame(problem: str, jsonrpc: bool) -> str:
+    if jsonrpc:  # the /mcp endpoint speaks JSON-RPC 2.0: -32600 is "invalid request"
+        body: dict = {"jsonrpc": "2.0", "error": {"code": -32600, "message": problem}, "id": None}
+    else:
+        body = {"type": "error", "data": {"message": problem, "code": "INVALID_JSON"}}
+    return json.dumps(body)
 
 
 def create_app(
@@ -162,7 +209,7 @@ def create_app(
         detail = exc.errors(include_url=False) if isinstance(exc, ValidationError) else str(exc)
         return JSONResponse(status_code=422, content={"detail": detail})
 
-    app.add_middleware(_QuietClientDisconnect)
+    app.add_middleware(_WebSocketGuard)
     app.add_exception_handler(SessionError, session_error)
     app.add_exception_handler(ResetOptionError, bad_input)
     app.add_exception_handler(ValidationError, bad_input)
@@ -193,4 +240,11 @@ def serve(
     probe = gym.make(env_id, **(env_kwargs or {}))
     probe.reset(seed=0)
     probe.close()
+    timeout = f"idle timeout {session_timeout:g} s" if session_timeout else "no idle timeout"
+    print(
+        f"agentgym serve: {env_id} over OpenEnv at ws://{host}:{port}/ws "
+        f"(at most {max_sessions} sessions, {timeout}); Ctrl-C stops",
+        file=sys.stderr,
+        flush=True,
+    )
     uvicorn.run(app, host=host, port=port, log_level=log_level)
