@@ -152,17 +152,19 @@ def test_bm25_resumes_from_a_partial_doc_store(small_corpus, tmp_path, capfd):
     assert a == b and [h.score for hs in a for h in hs] == [h.score for hs in b for h in hs]
 
 
+KILL_DOCS, KILL_SHARD = 300, 20
+
+
 def _index_cmd(corpus: Path, out: Path, encoder: Path) -> list[str]:
     return [
         sys.executable, "-m", "agentgym.cli", "retrieval", "index", "--corpus", str(corpus),
-        "--kind", "flat", "--encoder", str(encoder), "--out", str(out), "--shard-size", "25",
+        "--kind", "flat", "--encoder", str(encoder), "--out", str(out), "--shard-size", "20",
         "--batch-size", "5", "--device", "cpu", "--quiet",
     ]  # fmt: skip
 
 
-def test_sigkilled_dense_build_resumes_and_equals_uninterrupted(
-    small_corpus, tmp_path, tiny_encoder_dir, capfd
-):
+def test_sigkilled_dense_build_resumes_and_equals_uninterrupted(tmp_path, tiny_encoder_dir, capfd):
+    small_corpus = write_corpus(tmp_path / "corpus.jsonl", KILL_DOCS, seed=12)
     out = tmp_path / "killed"
     proc = subprocess.Popen(
         _index_cmd(small_corpus, out, tiny_encoder_dir),
@@ -180,7 +182,7 @@ def test_sigkilled_dense_build_resumes_and_equals_uninterrupted(
     assert not (out / "meta.json").exists()
     done_docs = sorted(p.name for p in (out / "docs").glob("docs-*.offsets.npy"))
     done_emb = sorted(p.name for p in (out / "embeddings").glob("emb-*.npy"))
-    assert 4 <= len(done_emb) < N_DOCS // 25 and len(done_docs) >= 4
+    assert 4 <= len(done_emb) < KILL_DOCS // KILL_SHARD and len(done_docs) >= 4
     kept = {
         p: (p.stat().st_ino, p.stat().st_mtime_ns)
         for p in (out / "docs").glob("docs-0000[0-3].jsonl")
@@ -193,28 +195,29 @@ def test_sigkilled_dense_build_resumes_and_equals_uninterrupted(
     assert main(_index_cmd(small_corpus, out, tiny_encoder_dir)[3:]) == 0
     first = min(len(done_docs), len(done_emb))
     err = capfd.readouterr().err
-    assert f"resuming at shard {first} ({first * 25} of {N_DOCS} documents done)" in err
+    done = first * KILL_SHARD
+    assert f"resuming at shard {first} ({done} of {KILL_DOCS} documents done)" in err
     assert {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in kept} == kept  # not rewritten
 
     ref = tmp_path / "ref"
     build_index(
-        small_corpus, ref, "flat", encoder=tiny_encoder_dir, shard_size=25, batch_size=5,
+        small_corpus, ref, "flat", encoder=tiny_encoder_dir, shard_size=KILL_SHARD, batch_size=5,
         device="cpu", show_progress=False,
     )  # fmt: skip
     assert read_meta(out) == read_meta(ref)
     assert list(DocStore(out / "docs")) == list(DocStore(ref / "docs"))
-    a = DenseIndex.load(out / "dense.index").cpu_index.reconstruct_n(0, N_DOCS)
-    b = DenseIndex.load(ref / "dense.index").cpu_index.reconstruct_n(0, N_DOCS)
+    a = DenseIndex.load(out / "dense.index").cpu_index.reconstruct_n(0, KILL_DOCS)
+    b = DenseIndex.load(ref / "dense.index").cpu_index.reconstruct_n(0, KILL_DOCS)
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
 @pytest.mark.realdata
 def test_pretrained_encoder_retrieves_beside_bm25(tmp_path, minilm_dir):
     # a real trained encoder (all-MiniLM-L6-v2) must retrieve the passage that answers each
-    # generated question about as well as BM25 does; a random ranking would find 3/200
-    n = 200
+    # generated question about as well as BM25 does; a random ranking would find 3/120
+    n = 120
     corpus = write_corpus(tmp_path / "c.jsonl", n, seed=21)
-    queries = synthetic_queries(n, 40, seed=21)
+    queries = synthetic_queries(n, 30, seed=21)
     build_index(corpus, tmp_path / "dense", "flat", encoder=minilm_dir, show_progress=False)
     build_index(corpus, tmp_path / "bm25", "bm25", show_progress=False)
     dense = open_retriever(tmp_path / "dense", device="cpu")
