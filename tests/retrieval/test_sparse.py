@@ -417,6 +417,30 @@ def test_analyzer_matches_pyserini(jvm):
         assert lucene_tokenize(text) == list(analyzer.analyze(text)), text
 
 
+def test_analyzer_matches_pyserini_on_random_text(jvm):
+    """Seeded random strings of ASCII, punctuation, Latin-1 letters, typographic quotes and
+    dashes, symbols and common English words: the same terms as Lucene, every one."""
+    import random
+    import string
+
+    from pyserini.analysis import Analyzer, get_lucene_analyzer
+
+    analyzer = Analyzer(get_lucene_analyzer())
+    rng = random.Random(7)
+    alphabet = list(string.ascii_letters + string.digits + string.punctuation + "    \t\n")
+    alphabet += list("éüßÉ’‘“”–—…©®™°½€£¥ñçøåæ")
+    words = ["the", "running", "technology", "U.S.", "e-mail", "don't", "3.14", "1,000", "it's"]
+    for _ in range(1500):
+        parts = [
+            rng.choice(words)
+            if rng.random() < 0.3
+            else "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8)))
+            for _ in range(rng.randint(1, 6))
+        ]
+        text = rng.choice(["", " "]).join(parts)
+        assert lucene_tokenize(text) == list(analyzer.analyze(text)), text
+
+
 def test_pyserini_save_load_and_odd_queries(generated, tmp_path):
     passages, queries, lucene, _ = generated
     lucene.save(tmp_path / "copy")
