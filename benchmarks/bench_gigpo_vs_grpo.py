@@ -47,6 +47,8 @@ def run(method: str, seed: int, args: argparse.Namespace, out: Path) -> dict:
         progress=False,
         tensorboard=False,
         save_final=False,
+        quiet=True,
+        plot=False,
     )
     t0 = time.perf_counter()
     history = train(config)

@@ -69,7 +69,7 @@ def run(
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
         model_dir = Path(tmp) / "random-qwen2.5-1.5b-shape"
         config = Config.for_env(
-            env, model=str(model_dir), out_dir=str(Path(tmp) / "run"), **overrides
+            env, model=str(model_dir), out_dir=str(Path(tmp) / "run"), plot=False, **overrides
         )
         t0 = time.perf_counter()
         tokenizer = build_tokenizer(env_texts(config))

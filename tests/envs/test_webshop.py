@@ -57,7 +57,14 @@ MUG = dict(SHIRT, asin="B0TEST0002", Title="Plain Mug", Price="$100.0", options=
 MUG.update(Description="", BulletPoints=[], Reviews=[])
 
 
+def _goal_index(info: dict) -> int:
+    """The goal index a ``webshop-<n>`` task id names."""
+    return int(info["task_id"].removeprefix("webshop-"))
+
+
 # -- page text, byte for byte ---------------------------------------------------------------
+
+
 def test_search_page_is_webshops_first_observation():
     assert pages.search_page(INS) == f"WebShop [SEP] Instruction: [SEP] {INS} [SEP] Search"
 
@@ -207,9 +214,9 @@ def test_first_observation_and_info(env):
     assert info["admissible_actions"] == [SEARCH_ACTION]
     assert info["available_actions"] == {"has_search_bar": True, "clickables": ["search"]}
     assert info["synthetic"] is True and info["page"] == "search"
-    assert goal == env.catalogue.goals[int(info["task_id"])]
+    assert goal == env.catalogue.goals[_goal_index(info)]
     assert goal["instruction_text"] not in obs.replace(goal["instruction_text"], "", 1)
-    assert info["goal"] is not env.catalogue.goals[int(info["task_id"])]  # a copy per info
+    assert info["goal"] is not env.catalogue.goals[_goal_index(info)]  # a copy per info
 
 
 def test_every_transition(env):
@@ -373,16 +380,16 @@ def test_splits_never_leak_whatever_the_seed(env):
     test, valid = set(range(500)), set(range(500, 1500))
     for seed in range(60):
         _, info = env.reset(seed=seed)  # default split: train
-        assert int(info["task_id"]) >= 1500
+        assert _goal_index(info) >= 1500
         _, info = env.reset(seed=seed, options={"split": "test"})
-        assert int(info["task_id"]) in test
+        assert _goal_index(info) in test
         _, info = env.reset(seed=seed, options={"split": "valid"})
-        assert int(info["task_id"]) in valid
+        assert _goal_index(info) in valid
 
 
 def test_task_options(env):
     _, info = env.reset(options={"task": 7})
-    assert info["task_id"] == "7" and info["goal"] == env.catalogue.goals[7]
+    assert info["task_id"] == "webshop-7" and info["goal"] == env.catalogue.goals[7]
     _, again = env.reset(options={"task": info["task_id"]})  # a task id round-trips
     assert again["state_key"] == info["state_key"]
     _, info = env.reset(options={"task": 7, "split": "test"})
@@ -495,7 +502,7 @@ def real_env(webshop_real_data) -> WebShopEnv:
 def test_real_first_observation_and_walk(real_env):
     obs, info = real_env.reset(options={"task": 0})
     assert obs.startswith("WebShop [SEP] Instruction: [SEP] ")
-    assert info["synthetic"] is False and info["task_id"] == "0"
+    assert info["synthetic"] is False and info["task_id"] == "webshop-0"
     goal = info["goal"]
     obs, *_, info = real_env.step(f"search[{goal['query']}]")
     assert "Total results: 50" in obs

@@ -355,6 +355,18 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train_split": "train",
         "eval_split": "test",
     },
+    # the generated defaults play like the benchmarks they stand in for
+    "AgentGym/SearchQA-Synthetic-v0": {
+        "max_steps": 4,
+        "max_new_tokens": 500,
+        "train_split": "train",
+        "eval_split": "test",
+    },
+    "AgentGym/WebShop-Synthetic-v0": {
+        "max_steps": 15,
+        "train_split": "train",
+        "eval_split": "test",
+    },
     "AgentGym/Corridor-v0": {
         "fmt": "plain",
         "prompt_template": "compact",

@@ -89,7 +89,7 @@ class WebShopEnv(TextEnv):
     ``options={"split": ...}`` picks the split (default: the constructor's, ``"train"``);
     ``options={"task": i}`` picks goal ``i`` by its index in the goal list (WebShop's session
     number; the split it lies in is implied, and must agree with ``split`` if both are given).
-    ``task_id`` is that index as a string, and is accepted back as a task.
+    ``task_id`` is ``"webshop-<index>"``, and is accepted back as a task (so is the bare index).
 
     **state_key** is ``(goal index, page kind, query, result page, asin, selected options
     (sorted name/value pairs), sub-page)``; fields a page does not have are None. The same page
@@ -223,8 +223,13 @@ class WebShopEnv(TextEnv):
                     f"({len(self.catalogue.goals)} goals in all; test is 0-499, valid 500-1499)"
                 )
             return int(rows[int(self.np_random.integers(len(rows)))])
-        if isinstance(task, str) and task.strip().isdigit():
-            task = int(task.strip())
+        if isinstance(task, str):
+            digits = task.strip().removeprefix("webshop-")
+            if not digits.isdigit():
+                raise ResetOptionError(
+                    f"task id {task!r} is not a WebShop task (ids look like webshop-<goal index>)"
+                )
+            task = int(digits)
         if not isinstance(task, (int, np.integer)) or isinstance(task, bool):
             raise ResetOptionError(
                 f"options['task'] must be a goal index (int, or its task_id string), got {task!r:.60}"
@@ -310,7 +315,7 @@ class WebShopEnv(TextEnv):
         admissible += [f"click[{c}]" for c in clickables if c != pages.SEARCH_BUTTON]
         info: dict[str, Any] = {
             "state_key": self.state_key(),
-            "task_id": str(self._goal_index),
+            "task_id": f"webshop-{self._goal_index}",
             "admissible_actions": admissible,
             "action_valid": valid,
             "won": self._score == 1.0,
