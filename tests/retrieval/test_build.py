@@ -59,6 +59,19 @@ def test_bm25_index_end_to_end(small_corpus, tmp_path):
     assert _recall_at(retriever, queries, 3) >= 0.95  # entity names are rare terms
 
 
+def test_bm25_pyserini_backend_matches_bm25s(small_corpus, tmp_path):
+    # the Lucene backend through the same builder: same documents, same top hits
+    pytest.importorskip("pyserini")
+    build_index(small_corpus, tmp_path / "lucene", "bm25", backend="pyserini", show_progress=False)
+    build_index(small_corpus, tmp_path / "bm25s", "bm25", show_progress=False)
+    assert read_meta(tmp_path / "lucene").backend == "pyserini"
+    questions = [q["question"] for q in synthetic_queries(N_DOCS, 20, seed=11)]
+    lucene = open_retriever(tmp_path / "lucene").search(questions, 1)
+    bm25s = open_retriever(tmp_path / "bm25s").search(questions, 1)
+    assert [h[0].doc_id for h in lucene] == [h[0].doc_id for h in bm25s]
+    assert lucene[0][0].document == bm25s[0][0].document
+
+
 @pytest.mark.parametrize("kind", ["flat", "hnsw", "ivfpq"])
 def test_dense_index_equals_in_memory_build(small_corpus, tmp_path, tiny_encoder_dir, kind):
     out = tmp_path / kind

@@ -6,6 +6,8 @@ import gzip
 import json
 import pickle
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,16 @@ from agentgym.retrieval.corpus import (
     split_title,
 )
 from agentgym.retrieval.synthetic import synthetic_corpus, synthetic_queries, write_corpus
+
+
+def test_importing_the_package_loads_no_heavy_module():
+    code = (
+        "import sys, agentgym.retrieval as r; r.open_retriever; r.DocStore; r.split_title; "
+        "print(sorted(m for m in ('torch', 'faiss', 'sentence_transformers', 'transformers') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def _search_r1_split(content: str) -> tuple[str, str]:
