@@ -1,0 +1,676 @@
+"""Critic-free advantage estimators for multi-turn agent RL: GRPO and GiGPO.
+
+GiGPO (Group-in-Group Policy Optimization, arXiv 2505.10978) gives every step of a multi-turn
+episode two relative advantages, both computed from a group of rollouts of the same task:
+
+* an **episode advantage** (paper Eq. 3): the trajectory's outcome compared with the other
+  trajectories of its group, as in GRPO;
+* a **step advantage** (Eqs. 5-7): the step's discounted return compared with the other steps of
+  the group that acted from the *same anchor state* (equal ``state_key``), whatever their time
+  index. These "step groups" are what make the credit assignment step-level.
+
+They are combined as ``A = A_episode + omega * A_step`` (Eq. 8). The definitions follow the paper
+and its reference implementation (verl-agent, ``gigpo/core_gigpo.py``) exactly; where verl-agent
+fixes a convention the paper leaves open, this module does the same and says so:
+
+* the episode score of a step row is the trajectory's *undiscounted* total reward
+  ``R(tau) = sum_t r_t`` (verl-agent's ``EpisodeRewardManager``);
+* ``norm="mean_norm"`` subtracts the group mean; ``"mean_std_norm"`` also divides by the group's
+  sample standard deviation (Bessel-corrected, as ``torch.std``) plus ``epsilon = 1e-6``;
+* episode statistics are taken over one value per trajectory (``episode_stats_over=
+  "trajectories"``, the paper's Eq. 3) or over all step rows of the group (``"steps"``,
+  verl-agent's default ``compute_mean_std_cross_steps=True``: long trajectories weigh more);
+* an episode group holding a single value (one trajectory, or one row with ``"steps"``) is
+  normalised with mean 0 and std 1, so its advantage is the score itself (verl's GRPO convention);
+* a step group of one row gets step advantage exactly 0 (there is no peer to compare with);
+* the invalid-action penalty (verl-agent's ``apply_invalid_action_penalty``) is subtracted from
+  the penalised row's episode score and from its discounted return, *after* discounting: it is
+  charged to that step only and never propagated to earlier steps;
+* with ``"trajectories"``, a trajectory's value in the group statistics is the score of its first
+  step row, which is what verl-agent counts when rows arrive in rollout order (trajectory-major);
+  here it does not depend on row order.
+
+Everything is vectorised numpy over flat rows, one row per (trajectory, step), rows in any order,
+with no Python loop over rows: ids become small integer codes (an offset when their range is
+compact, ``np.unique`` otherwise), arbitrary hashable state keys are coded by one C-level dict
+pass (:func:`encode_state_keys`), rows are placed in (trajectory, step) order by a counting sort,
+group statistics are segment reductions (``np.bincount``), and discounted returns are one reversed
+cumulative sum (with an exact log-depth scan when that would lose precision).
+
+Estimators are registered by name (``@register_advantage("gigpo")``) and chosen by
+:func:`compute_advantage`; :func:`token_advantages` broadcasts row advantages to response tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "EPSILON",
+    "SIZE_BUCKETS",
+    "AdvantageBatch",
+    "AdvantageConfig",
+    "AdvantageResult",
+    "available_advantages",
+    "compute_advantage",
+    "encode_state_keys",
+    "episode_advantage",
+    "register_advantage",
+    "step_advantage",
+    "step_group_stats",
+    "token_advantages",
+]
+
+EPSILON = 1e-6
+"""added to the standard deviation in ``mean_std_norm`` (verl-agent's ``epsilon``)"""
+
+Norm = Literal["mean_norm", "mean_std_norm"]
+EpisodeStatsOver = Literal["trajectories", "steps"]
+_NORMS = ("mean_norm", "mean_std_norm")
+_EPISODE_STATS = ("trajectories", "steps")
+
+SIZE_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
+    ("1", 1, 1),
+    ("2-5", 2, 5),
+    ("6-10", 6, 10),
+    ("11-20", 11, 20),
+    ("21+", 21, None),
+)
+"""step-group size buckets of ``AdvantageResult.stats`` as (label, min size, max size or None).
+
+"1" are steps with no peer (their step advantage is 0); "2-5" and "6-10" cover the usual range
+for groups of 8 rollouts (some or all of them meet in a state); "11-20" and "21+" are states
+revisited within trajectories (loops, repeated invalid actions), which grow with episode length.
+"""
+_STAT_KEYS = (
+    "num_step_groups",
+    "mean_step_group_size",
+    "max_step_group_size",
+    "singleton_share",
+    "singleton_row_share",
+    *(f"size_share/{label}" for label, _, _ in SIZE_BUCKETS),
+)
+
+# Compact integer ids (range within this factor of the row count) are coded by an offset and
+# used directly as bincount bins; anything sparser is coded with np.unique (a sort).
+_COMPACT_RANGE = 4
+
+# The reversed-cumsum discount rescales by gamma**-t. Its rounding error is about
+# eps * amplification * trajectory length * batch size (relative to the largest reward); above
+# this bound the exact log-depth scan runs instead.
+_LOG_CUMSUM_ERROR_BOUND = math.log(1e-9)
+_EPS64 = float(np.finfo(np.float64).eps)
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """Hyper-parameters shared by the estimators; defaults are the paper's."""
+
+    gamma: float = 0.95
+    """discount for step returns, Eq. 5 (``R_t = r_t + gamma * R_{t+1}``)"""
+    omega: float = 1.0
+    """weight of the step advantage, Eq. 8"""
+    norm: Norm = "mean_norm"
+    """``mean_norm`` subtracts the group mean; ``mean_std_norm`` also divides by std + epsilon"""
+    invalid_penalty: float = 0.1
+    """subtracted from an invalid step's episode score and discounted return"""
+    episode_stats_over: EpisodeStatsOver = "trajectories"
+    """episode-group statistics over one value per trajectory, or over every step row"""
+    epsilon: float = EPSILON
+    """added to the standard deviation in ``mean_std_norm``"""
+
+
+@dataclass(frozen=True)
+class AdvantageResult:
+    """Per-row outputs of an estimator. N = number of rows, in the caller's row order."""
+
+    advantages: np.ndarray
+    """float32 (N,): the advantage to train on (every response token of the row gets it)"""
+    returns: np.ndarray
+    """float64 (N,): discounted return of the row's step on raw env rewards, Eq. 5"""
+    episode_advantage: np.ndarray
+    """float64 (N,): episode-level group advantage, Eq. 3"""
+    step_advantage: np.ndarray
+    """float64 (N,): step-level (anchor-state) group advantage, Eq. 7; zeros for GRPO"""
+    stats: dict[str, float]
+    """step-group statistics of the batch, see :func:`step_group_stats` (``{}`` without keys)"""
+
+
+class AdvantageBatch:
+    """Validated flat rows and their groupings, built once and shared by the estimators.
+
+    N rows, G group codes, T trajectory codes (a trajectory is a (group_id, traj_id) pair).
+    Codes are small non-negative ints usable as ``np.bincount`` bins; some codes may be unused.
+
+    Attributes:
+        n: number of rows N.
+        rewards: float64 (N,). penalty: float64 (N,), the row's invalid-action penalty.
+        group_code: int64 (N,) in [0, G). num_groups: G.
+        traj_code: int64 (N,) in [0, T). num_trajs: T.
+        traj_group: int64 (T,), group code of each trajectory code (0 where unused).
+        traj_length: int64 (T,), rows of each trajectory code (0 where unused).
+        traj_start: int64 (T,), slot of each trajectory's first step.
+        row_length: int64 (N,), length of the row's trajectory.
+        slot: int64 (N,), the row's index in (trajectory, step) order (a permutation).
+        position: int64 (N,), the row's index within its trajectory (0 = first step).
+        returns: float64 (N,), discounted returns (Eq. 5).
+        episode_return: float64 (T,), undiscounted total reward of each trajectory.
+        step_group_code: int64 (N,) or None without state keys; num_step_groups: S.
+    """
+
+    def __init__(
+        self,
+        *,
+        group_ids: Any,
+        traj_ids: Any,
+        step_ids: Any,
+        rewards: Any,
+        state_keys: Sequence[Hashable] | np.ndarray | None,
+        invalid: Any,
+        config: AdvantageConfig,
+    ) -> None:
+        group_ids = _int_rows("group_ids", group_ids)
+        n = self.n = group_ids.shape[0]
+        traj_ids = _int_rows("traj_ids", traj_ids, n)
+        step_ids = _int_rows("step_ids", step_ids, n)
+        self.rewards = _rows("rewards", rewards, n, np.float64)
+        self.penalty = config.invalid_penalty * _rows("invalid", invalid, n, np.bool_)
+        self.group_code, self.num_groups = _int_codes(group_ids)
+        state_code = None
+        if state_keys is not None:
+            state_code, num_states, row_codes = _state_codes(state_keys, n)
+
+        # Trajectory codes: traj ids are unique across a batch from GroupVectorEnv, so the id is
+        # the code; should an id recur in two groups, (group, id) pairs are coded instead.
+        tcode, num = _int_codes(traj_ids)
+        traj_group = np.zeros(num, dtype=np.int64)
+        traj_group[tcode] = self.group_code
+        length = np.bincount(tcode, minlength=num)
+        row_length = length[tcode]
+        # All the layout checks in one pass: each trajectory lies in one group; step ids are
+        # 0..L-1 (unsigned view: a negative id becomes huge and fails too); each state belongs to
+        # one group, so a state code alone names its step group (Eq. 6), the usual case since
+        # groups are different tasks.
+        ok = traj_group[tcode] == self.group_code
+        ok &= step_ids.view(np.uint64) < row_length.view(np.uint64)
+        if state_code is not None:
+            if row_codes:  # the code is a row holding the key: that row's group is the owner
+                owner_of_row = self.group_code[state_code]
+            else:
+                owner = np.zeros(num_states, dtype=np.int64)
+                owner[state_code] = self.group_code
+                owner_of_row = owner[state_code]
+            ok &= owner_of_row == self.group_code
+        fast = bool(ok.all())
+        if not fast and not (traj_group[tcode] == self.group_code).all():
+            tcode, num = _int_codes(self.group_code * num + tcode)
+            traj_group = np.zeros(num, dtype=np.int64)
+            traj_group[tcode] = self.group_code
+            length = np.bincount(tcode, minlength=num)
+            row_length = length[tcode]
+        self.traj_code, self.num_trajs, self.traj_group = tcode, num, traj_group
+        self.traj_length, self.row_length = length, row_length
+        self.num_used_trajs = num if n == 0 else int(np.count_nonzero(length))
+        self.traj_start = np.cumsum(length) - length
+
+        # Counting sort into (trajectory, step) order: with step ids 0..L-1 the row's slot is
+        # its trajectory's start + step id, no sort needed; otherwise steps are ranked. The slots
+        # are a permutation unless a (trajectory, step) repeats; the discount checks that.
+        self._ids = (group_ids, traj_ids, step_ids)
+        if fast:
+            self.slot, self.position = self.traj_start[tcode] + step_ids, step_ids
+        else:
+            self._rank_steps()
+
+        self.episode_return = np.bincount(tcode, weights=self.rewards, minlength=num)
+        if not np.isfinite(self.episode_return).all():  # a NaN or inf reward in the trajectory
+            bad = int(np.flatnonzero(~np.isfinite(self.rewards))[0])
+            raise ValueError(
+                f"rewards must be finite; row {bad} is {self.rewards[bad]} "
+                "(one NaN would corrupt its whole group's statistics)"
+            )
+        self.returns = self._discounted_returns(config.gamma)
+
+        self.step_group_code: np.ndarray | None = None
+        self.num_step_groups = 0
+        self._step_group_count: np.ndarray | None = None
+        if state_code is not None:
+            if fast:
+                self.step_group_code, self.num_step_groups = state_code, num_states
+            else:  # states shared across groups (or a slow-path batch): code the pairs
+                self.step_group_code, self.num_step_groups = _int_codes(
+                    self.group_code * num_states + state_code
+                )
+
+    def _rank_steps(self) -> None:
+        """Slots and positions by sorting (trajectory, step); step ids may have gaps."""
+        n = self.n
+        group_ids, traj_ids, steps = self._ids
+        order = np.lexsort((steps, self.traj_code))
+        sorted_traj, sorted_step = self.traj_code[order], steps[order]
+        dup = (sorted_traj[1:] == sorted_traj[:-1]) & (sorted_step[1:] == sorted_step[:-1])
+        if dup.any():
+            row = int(order[1:][dup][0])
+            raise ValueError(
+                f"two rows share group_id={group_ids[row]}, traj_id={traj_ids[row]}, "
+                f"step_id={steps[row]}; each (trajectory, step) must appear once"
+            )
+        self.slot = np.empty(n, dtype=np.int64)
+        self.slot[order] = np.arange(n)
+        self.position = self.slot - self.traj_start[self.traj_code]
+
+    def _discounted_returns(self, gamma: float) -> np.ndarray:
+        """Eq. 5, ``R_t = r_t + gamma * R_{t+1}``, float64 (N,) in row order.
+
+        Fast path: ``R_t = gamma**-t * sum_{k >= t} gamma**k r_k``, a reversed cumulative sum over
+        rows in (trajectory, step) order minus the same sum where the trajectory ends. Its
+        rounding error grows with ``gamma**-(L-1)``, L and the batch size; when that bound
+        exceeds 1e-9 (relative to the largest reward), an exact log-depth scan (Hillis-Steele on
+        the linear recurrence, every term scaled by gamma**d <= 1) runs instead.
+        """
+        n = self.n
+        if n == 0:
+            return np.zeros(0)
+        max_len = int(self.traj_length.max())
+        # log of the error bound, amplification gamma**-(max_len - 1) included (no overflow).
+        if gamma > 0.0 and (
+            -(max_len - 1) * math.log(gamma) + math.log(max_len * n * _EPS64)
+            < _LOG_CUMSUM_ERROR_BOUND
+        ):
+            powers = gamma ** np.arange(max_len, dtype=np.float64)
+            row_power = powers[self.position]
+            # NaN marks slots no row fills; it reaches suffix[0] through the cumsum, so one
+            # scalar test proves the slots are a permutation (rewards are finite by now).
+            scaled = np.full(n + 1, np.nan)
+            scaled[n] = 0.0
+            scaled[self.slot] = self.rewards * row_power
+            suffix = np.cumsum(scaled[::-1])[::-1]  # suffix[i] = sum of scaled[i:]
+            if np.isnan(suffix[0]):
+                self._rank_steps()  # raises: a (trajectory, step) pair repeats
+            after_end = suffix[self.traj_start + self.traj_length]  # (T,)
+            return (suffix[self.slot] - after_end[self.traj_code]) / row_power
+        # Exact scan in (trajectory, step) order: after the round with shift d, acc[i] sums
+        # gamma**j r_{i+j} for j < 2d within the trajectory (gamma 0: the rewards themselves).
+        acc = np.full(n, np.nan)
+        acc[self.slot] = self.rewards
+        if np.isnan(acc).any():
+            self._rank_steps()  # raises: a (trajectory, step) pair repeats
+        remaining = np.empty(n, dtype=np.int64)  # later steps in the same trajectory
+        remaining[self.slot] = self.row_length - 1 - self.position
+        d = 1
+        while d < max_len and gamma > 0.0:
+            acc[:-d] += (gamma**d * acc[d:]) * (remaining[:-d] >= d)
+            d *= 2
+        return acc[self.slot]
+
+    def step_group_count(self) -> np.ndarray | None:
+        """int64 (S,): rows of each step group code, 0 for unused codes (None without keys)."""
+        if self.step_group_code is None:
+            return None
+        if self._step_group_count is None:
+            self._step_group_count = np.bincount(
+                self.step_group_code, minlength=self.num_step_groups
+            )
+        return self._step_group_count
+
+
+EstimatorFn = Callable[[AdvantageBatch, AdvantageConfig], AdvantageResult]
+_ESTIMATORS: dict[str, EstimatorFn] = {}
+
+
+def register_advantage(name: str) -> Callable[[EstimatorFn], EstimatorFn]:
+    """Register an estimator ``fn(batch: AdvantageBatch, config: AdvantageConfig)`` by name.
+
+    ``compute_advantage(name, ...)`` validates the rows, builds the :class:`AdvantageBatch`
+    (codes, ordering, discounted returns) once and calls the estimator registered as ``name``.
+    """
+
+    def decorator(fn: EstimatorFn) -> EstimatorFn:
+        if name in _ESTIMATORS and _ESTIMATORS[name] is not fn:
+            raise ValueError(f"an advantage estimator is already registered as {name!r}")
+        _ESTIMATORS[name] = fn
+        return fn
+
+    return decorator
+
+
+def available_advantages() -> list[str]:
+    """Names accepted by :func:`compute_advantage`."""
+    return sorted(_ESTIMATORS)
+
+
+def compute_advantage(
+    name: str,
+    *,
+    group_ids: Any,
+    traj_ids: Any,
+    step_ids: Any,
+    rewards: Any,
+    state_keys: Sequence[Hashable] | np.ndarray | None,
+    invalid: Any,
+    gamma: float = 0.95,
+    omega: float = 1.0,
+    norm: Norm = "mean_norm",
+    invalid_penalty: float = 0.1,
+    episode_stats_over: EpisodeStatsOver = "trajectories",
+    epsilon: float = EPSILON,
+) -> AdvantageResult:
+    """Advantages for a batch of flat rows, one row per (trajectory, step), rows in any order.
+
+    Args:
+        name: registered estimator, ``"gigpo"`` or ``"grpo"`` (see :func:`available_advantages`).
+        group_ids: int (N,): the group of the row; all trajectories of a group start from the
+            same task and state.
+        traj_ids: int (N,): the trajectory of the row (unique within its group at least).
+        step_ids: int (N,): the step's index in its trajectory; only their order matters.
+        rewards: float (N,): the env reward of the step.
+        state_keys: (N,) hashables (list/tuple, or a numpy array; int codes from
+            :func:`encode_state_keys` are fastest): the anchor state the action was taken from
+            (``Step.state_key``). Required by GiGPO; GRPO only reports step-group stats from it.
+        invalid: bool (N,): the action was invalid (``not Step.action_valid``).
+        gamma: discount of step returns (Eq. 5).
+        omega: weight of the step advantage (Eq. 8).
+        norm: ``"mean_norm"`` or ``"mean_std_norm"``, at both levels.
+        invalid_penalty: subtracted from an invalid step's scores (see the module docstring).
+        episode_stats_over: ``"trajectories"`` (paper) or ``"steps"`` (verl-agent default).
+        epsilon: added to the std in ``mean_std_norm``.
+
+    Returns:
+        :class:`AdvantageResult`; ``advantages`` float32 (N,) in the caller's row order.
+
+    Raises:
+        ValueError: unknown name/norm/option, arrays of different lengths, non-finite rewards,
+            or a (trajectory, step) pair given twice.
+    """
+    if name not in _ESTIMATORS:
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; registered: {', '.join(available_advantages())}"
+        )
+    if norm not in _NORMS:
+        raise ValueError(f"norm must be one of {_NORMS}, got {norm!r}")
+    if episode_stats_over not in _EPISODE_STATS:
+        raise ValueError(
+            f"episode_stats_over must be one of {_EPISODE_STATS}, got {episode_stats_over!r}"
+        )
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    config = AdvantageConfig(
+        gamma=float(gamma),
+        omega=float(omega),
+        norm=norm,
+        invalid_penalty=float(invalid_penalty),
+        episode_stats_over=episode_stats_over,
+        epsilon=float(epsilon),
+    )
+    batch = AdvantageBatch(
+        group_ids=group_ids,
+        traj_ids=traj_ids,
+        step_ids=step_ids,
+        rewards=rewards,
+        state_keys=state_keys,
+        invalid=invalid,
+        config=config,
+    )
+    return _ESTIMATORS[name](batch, config)
+
+
+# ---------------------------------------------------------------------------------------------
+# Estimators
+# ---------------------------------------------------------------------------------------------
+
+
+def episode_advantage(batch: AdvantageBatch, config: AdvantageConfig) -> np.ndarray:
+    """Episode-level group advantage (Eq. 3), float64 (N,).
+
+    A row's score is its trajectory's total reward less the row's invalid-action penalty,
+    normalised by the mean (and std) of its group, taken over trajectories or over step rows.
+    """
+    num, traj_group, length = batch.num_groups, batch.traj_group, batch.traj_length
+    ret = batch.episode_return  # (T,)
+    if config.episode_stats_over == "steps":
+        # Sums over rows through per-trajectory sums: each row scores ret[traj] - penalty.
+        count = np.bincount(traj_group, weights=length, minlength=num)
+        total = np.bincount(traj_group, weights=length * ret, minlength=num)
+        total -= np.bincount(batch.group_code, weights=batch.penalty, minlength=num)
+    else:
+        # One value per trajectory: the score of its first step row, its total reward less the
+        # penalty of its first step. Unused trajectory codes (sparse traj ids) weigh 0.
+        penalty_in_order = np.empty(batch.n + 1)
+        penalty_in_order[batch.slot] = batch.penalty
+        penalty_in_order[batch.n] = 0.0  # the start of unused codes past the last trajectory
+        values = ret - penalty_in_order[batch.traj_start]
+        if batch.num_trajs == batch.num_used_trajs:
+            used = None
+            count = np.bincount(traj_group, minlength=num)
+            total = np.bincount(traj_group, weights=values, minlength=num)
+        else:
+            used = length > 0
+            count = np.bincount(traj_group, weights=used, minlength=num)
+            total = np.bincount(traj_group, weights=values * used, minlength=num)
+    mean = total / np.maximum(count, 1)
+    # A group with a single value has no baseline: verl normalises it with mean 0 and std 1.
+    single = count == 1
+    mean[single] = 0.0
+    centred = (ret - mean[traj_group])[batch.traj_code] - batch.penalty
+    if config.norm == "mean_norm":
+        return centred
+    if config.episode_stats_over == "steps":
+        sq = np.bincount(batch.group_code, weights=centred * centred, minlength=num)
+    else:
+        dev = values - mean[traj_group]
+        sq = np.bincount(
+            traj_group, weights=dev * dev if used is None else dev * dev * used, minlength=num
+        )
+    std = np.sqrt(sq / np.maximum(count - 1, 1))
+    std[single] = 1.0
+    return centred / (std + config.epsilon)[batch.group_code]
+
+
+def step_advantage(batch: AdvantageBatch, config: AdvantageConfig) -> np.ndarray:
+    """Step-level anchor-state group advantage (Eqs. 5-7), float64 (N,).
+
+    A row's value is its discounted return less its invalid-action penalty, normalised within its
+    step group (same group, equal ``state_key``). A step group of one row gets exactly 0: its
+    mean is its own value (a bincount of one weight is exact), and 0 / (0 + epsilon) is 0.
+    """
+    if batch.step_group_code is None:
+        raise ValueError("the step advantage needs state_keys (one anchor state per row)")
+    codes, num = batch.step_group_code, batch.num_step_groups
+    value = batch.returns - batch.penalty
+    count = batch.step_group_count()
+    mean = np.bincount(codes, weights=value, minlength=num) / np.maximum(count, 1)
+    centred = value - mean[codes]
+    if config.norm == "mean_norm":
+        return centred
+    std = _std(codes, value, mean, count)
+    return centred / (std[codes] + config.epsilon)
+
+
+@register_advantage("gigpo")
+def gigpo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
+    """GiGPO: ``A = A_episode + omega * A_step`` (Eq. 8)."""
+    a_episode = episode_advantage(batch, config)
+    a_step = step_advantage(batch, config)
+    combined = np.empty(batch.n, dtype=np.float32)
+    np.add(a_episode, a_step if config.omega == 1.0 else config.omega * a_step, out=combined)
+    return AdvantageResult(
+        advantages=combined,
+        returns=batch.returns,
+        episode_advantage=a_episode,
+        step_advantage=a_step,
+        stats=step_group_stats(batch.step_group_count(), batch.n),
+    )
+
+
+@register_advantage("grpo")
+def grpo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
+    """GRPO for multi-turn agents as verl-agent runs it: every step row of a trajectory gets the
+    trajectory's episode advantage (undiscounted outcome, group-normalised); no step term.
+
+    verl-agent's GRPO divides by the std by default (``norm_adv_by_std_in_grpo=True``): pass
+    ``norm="mean_std_norm"`` for that; ``"mean_norm"`` is Dr. GRPO's variant.
+    """
+    a_episode = episode_advantage(batch, config)
+    return AdvantageResult(
+        advantages=a_episode.astype(np.float32),
+        returns=batch.returns,
+        episode_advantage=a_episode,
+        step_advantage=np.zeros(batch.n),
+        stats=step_group_stats(batch.step_group_count(), batch.n),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics, key encoding and the token-level helper
+# ---------------------------------------------------------------------------------------------
+
+
+def step_group_stats(count: np.ndarray | None, rows: int | None = None) -> dict[str, float]:
+    """Step-group statistics of a batch, as the paper plots them (flat keys, JSON-ready).
+
+    Args:
+        count: int (S,): the number of rows of each step group (zeros are ignored), or None
+            (returns ``{}``).
+        rows: ``count.sum()`` when the caller knows it.
+
+    Returns:
+        ``num_step_groups``; ``mean_step_group_size``; ``max_step_group_size``;
+        ``singleton_share`` (share of step groups of size 1); ``singleton_row_share`` (share of
+        rows whose step advantage is 0 because they have no peer); and for every bucket of
+        :data:`SIZE_BUCKETS`, ``size_share/<label>``: the share of step groups in that bucket.
+    """
+    if count is None:
+        return {}
+    # Histogram of group sizes (index = size), then per-bucket sums from its cumulative sum.
+    hist = np.bincount(count)
+    cum = np.cumsum(hist).tolist()
+    largest = len(hist) - 1
+    num = cum[-1] - cum[0] if cum else 0  # hist[0] counts unused codes
+    if num == 0:
+        return dict.fromkeys(_STAT_KEYS, 0.0)
+    rows = int(count.sum()) if rows is None else rows
+    singles = cum[1] - cum[0]
+    stats = {
+        "num_step_groups": float(num),
+        "mean_step_group_size": rows / num,
+        "max_step_group_size": float(largest),
+        "singleton_share": singles / num,
+        "singleton_row_share": singles / rows,
+    }
+    for label, lo, hi in SIZE_BUCKETS:
+        top = largest if hi is None else min(hi, largest)
+        in_bucket = cum[top] - cum[lo - 1] if top >= lo else 0
+        stats[f"size_share/{label}"] = in_bucket / num
+    return stats
+
+
+def encode_state_keys(state_keys: Sequence[Hashable]) -> np.ndarray:
+    """Integer codes for N hashable state keys: int64 (N,), equal iff the keys are equal.
+
+    One C-level dict pass (``dict.setdefault`` mapped over the keys); a key's code is the index of
+    its first occurrence. Rollout code that builds training rows can call this once per batch and
+    pass the codes as ``state_keys`` (it is also what :func:`compute_advantage` does with a list).
+    """
+    n = len(state_keys)
+    first_row: dict[Hashable, int] = {}
+    try:
+        return np.fromiter(map(first_row.setdefault, state_keys, range(n)), np.int64, count=n)
+    except TypeError as err:
+        raise TypeError(
+            "state_keys must be hashable (bytes, str, int or tuples of them); convert lists or "
+            f"arrays with tuple(...) first ({err})"
+        ) from err
+
+
+def token_advantages(advantages: Any, response_mask: torch.Tensor) -> torch.Tensor:
+    """Broadcast each row's advantage to every response token of the row.
+
+    Args:
+        advantages: (N,) numpy array or tensor, e.g. ``AdvantageResult.advantages``.
+        response_mask: (N, T) tensor, 1 on the row's response tokens, 0 on padding.
+
+    Returns:
+        float32 (N, T) on ``response_mask``'s device: ``advantages[:, None] * response_mask``.
+    """
+    import torch
+
+    adv = torch.as_tensor(advantages, dtype=torch.float32, device=response_mask.device)
+    if adv.ndim != 1 or response_mask.ndim != 2 or adv.shape[0] != response_mask.shape[0]:
+        raise ValueError(
+            f"advantages must be (N,) and response_mask (N, T); got {tuple(adv.shape)} and "
+            f"{tuple(response_mask.shape)}"
+        )
+    return adv.unsqueeze(1) * response_mask.to(torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Array helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _rows(name: str, values: Any, n: int, dtype: type) -> np.ndarray:
+    arr = np.asarray(values, dtype=dtype)
+    if arr.shape != (n,):
+        raise ValueError(f"{name} must have shape ({n},) like group_ids, got {arr.shape}")
+    return arr
+
+
+def _int_rows(name: str, values: Any, n: int | None = None) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.ndim != 1 or (n is not None and arr.shape[0] != n):
+        want = "(N,)" if n is None else f"({n},) like group_ids"
+        raise ValueError(f"{name} must have shape {want}, got {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iub":
+        raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
+def _int_codes(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """Codes for int64 (N,) values: (codes in [0, num), num); equal codes iff equal values.
+
+    Compact ranges are shifted to start at 0 (codes of absent values stay unused); sparse ones
+    are densified with np.unique.
+    """
+    n = values.shape[0]
+    if n == 0:
+        return values, 0
+    bound = _COMPACT_RANGE * n + 64
+    # One reduction for the common case, ids in [0, bound): a negative id viewed as unsigned
+    # is huge and falls through to the general case.
+    hi = int(values.view(np.uint64).max())
+    if hi < bound:
+        return values, hi + 1
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo < bound:
+        return values - lo, hi - lo + 1
+    uniques, codes = np.unique(values, return_inverse=True)
+    return codes.reshape(-1).astype(np.int64, copy=False), int(uniques.shape[0])
+
+
+def _state_codes(keys: Sequence[Hashable] | np.ndarray, n: int) -> tuple[np.ndarray, int, bool]:
+    """(codes in [0, num), num, whether each code is the index of a row holding that key)."""
+    if isinstance(keys, np.ndarray) and keys.dtype.kind != "O":
+        if keys.shape != (n,):
+            raise ValueError(f"state_keys must have shape ({n},) like group_ids, got {keys.shape}")
+        if keys.dtype.kind in "iub":
+            return (*_int_codes(keys.astype(np.int64, copy=False)), False)
+        uniques, codes = np.unique(keys, return_inverse=True)
+        return codes.reshape(-1).astype(np.int64, copy=False), int(uniques.shape[0]), False
+    if len(keys) != n:
+        raise ValueError(f"state_keys must have {n} entries like group_ids, got {len(keys)}")
+    return encode_state_keys(keys), n, True
+
+
+def _std(codes: np.ndarray, values: np.ndarray, mean: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Per-segment sample std (n - 1, as torch.std), two-pass for accuracy; 0 for size <= 1."""
+    dev = values - mean[codes]
+    sq = np.bincount(codes, weights=dev * dev, minlength=mean.shape[0])
+    return np.sqrt(sq / np.maximum(count - 1, 1))
