@@ -662,6 +662,14 @@ class _RayBackend(_ShardedBackend):
             except ray.exceptions.RayActorError as exc:
                 self.close()
                 raise RuntimeError(f"env worker {w} failed to build its envs:\n{exc}") from exc
+            except ray.exceptions.GetTimeoutError as exc:
+                self.close()
+                cpus = ray.cluster_resources().get("CPU", 0)
+                raise RuntimeError(
+                    f"Ray did not start env worker {w} of {len(self.actors)} within "
+                    f"{max(timeout, 600.0):g} s (the cluster has {cpus:g} CPUs; each worker asks "
+                    "for ray_options['num_cpus'], default 1): lower num_workers or num_cpus"
+                ) from exc
 
     def _spawn(self, w: int):
         a, b = self.slices[w]

@@ -373,3 +373,34 @@ def test_ctrl_c_prints_one_traceback_and_leaves_no_workers(tmp_path):
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(p) for p in pids), "workers outlived the interrupted script"
+
+
+def test_stopped_ray_actors_cost_one_timeout(request):
+    request.getfixturevalue("ray_session")
+    timeout = 2.0
+    vec = make(  # three actors on a two-core machine: they must not each reserve a CPU
+        "ray",
+        request,
+        num_groups=3,
+        group_size=2,
+        num_workers=3,
+        step_timeout=timeout,
+        ray_options={"num_cpus": 0},
+    )
+    try:
+        vec.reset(seed=0)
+        ray = vec._backend.ray
+        pids = [
+            ray.get(a.__ray_call__.remote(lambda self: os.getpid())) for a in vec._backend.actors
+        ]
+        for pid in pids[:2]:
+            os.kill(pid, signal.SIGSTOP)
+        start = time.monotonic()
+        truncated, infos = vec.step(["red"] * 6)[3:]
+        took = time.monotonic() - start
+        assert timeout * 0.9 <= took < timeout * 1.8, f"step took {took:.1f} s"
+        assert truncated[:4].all() and vec.step_index.tolist() == [0, 0, 0, 0, 1, 1]
+        assert all("did not answer within" in infos[i]["truncation_reason"] for i in range(4))
+        assert same(vec.reset(seed=5), GroupVectorEnv(ENV, 3, 2).reset(seed=5))
+    finally:
+        vec.close()
