@@ -278,7 +278,15 @@ class ServedEnvironment(Environment[AgentGymAction, AgentGymObservation, AgentGy
         self._check_open()
         if self._env is None:
             self._env = gym.make(self.env_id, **self.env_kwargs)
-        obs, info = self._env.reset(seed=params.seed, options=params.options)
+        try:
+            obs, info = self._env.reset(seed=params.seed, options=params.options)
+        except BaseException:
+            # a reset that raised may leave wrappers half-updated (gymnasium's passive checker then
+            # fails the next step), so the session starts over from a fresh env on its next reset
+            self._env.close()
+            self._env = None
+            self._state = AgentGymState(env_id=self.env_id)
+            raise
         observation = make_observation(obs, info)
         self._state = AgentGymState(
             env_id=self.env_id,

@@ -15,7 +15,9 @@ Built on OpenEnv's own ``HTTPEnvServer`` (``openenv-core``), so the wire protoco
 What this module adds to OpenEnv's server: the session bound (``max_sessions``; a connection
 beyond it gets a ``CAPACITY_REACHED`` error and is closed, never queued), an idle timeout that
 is checked often enough for short timeouts (OpenEnv's own reaper wakes every >= 5 s), a clear
-error on the next message of an expired session, and agentgym's errors mapped to 4xx.
+error on the next message of an expired session, errors instead of a dropped session for frames
+OpenEnv's handler cannot parse (JSON arrays, numbers, binary frames), and agentgym's errors
+mapped to 4xx.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 from typing import Any
 
 from fastapi import FastAPI, Request, WebSocketDisconnect
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
@@ -48,6 +51,7 @@ from agentgym.integrations.openenv import (
     AgentGymObservation,
     ServedEnvironment,
     SessionError,
+    json_safe,
 )
 
 __all__ = ["DEFAULT_MAX_SESSIONS", "DEFAULT_SESSION_TIMEOUT_S", "create_app", "serve"]
@@ -110,14 +114,22 @@ class _WebSocketGuard:
       escape, which uvicorn would log as a traceback on every ordinary disconnect.
     """
 
-    def __init__(self, app: Any):
+    #: how long a refused connection stays open so that the client's first message reads the
+    #: capacity error (instead of racing the close: OpenEnv's own refusal closes at once)
+    refusal_linger_s = 5.0
+
+    def __init__(self, app: Any, server: HTTPEnvServer):
         self.app = app
+        self.server = server
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "websocket":
             await self.app(scope, receive, send)
             return
         jsonrpc = scope.get("path", "").rstrip("/").endswith("/mcp")
+        if self.server.active_sessions >= self.server.max_concurrent_envs:
+            await self._refuse(receive, send, jsonrpc)
+            return
 
         async def checked_receive() -> dict:
             while True:
@@ -135,6 +147,28 @@ class _WebSocketGuard:
         except WebSocketDisconnect:
             pass
 
+    async def _refuse(self, receive: Any, send: Any, jsonrpc: bool) -> None:
+        """Accept, send the capacity error, wait for the client's first frame, close (1013)."""
+        if (await receive())["type"] != "websocket.connect":
+            return
+        await send({"type": "websocket.accept"})
+        active, limit = self.server.active_sessions, self.server.max_concurrent_envs
+        problem = (
+            f"Server at capacity: {active}/{limit} sessions active; close a session or start "
+            "the server with a larger --max-sessions"
+        )
+        await send(
+            {"type": "websocket.send", "text": _error_frame(problem, jsonrpc, capacity=True)}
+        )
+        message = {"type": "websocket.receive"}
+        try:
+            async with asyncio.timeout(self.refusal_linger_s):
+                message = await receive()
+        except TimeoutError:
+            pass
+        if message["type"] != "websocket.disconnect":
+            await send({"type": "websocket.close", "code": 1013})  # 1013: try again later
+
 
 def _frame_problem(message: dict) -> str | None:
     """Why OpenEnv could not survive this frame, or None if it can take it."""
@@ -148,17 +182,22 @@ def _frame_problem(message: dict) -> str | None:
     if not isinstance(value, dict):
         return (
             f'a message is a JSON object such as {{"type": "step", "data": '
-            f'{{"text": "up"}}}}, got JSON {type(value).__name__}'
+            f'{{"text": "up"}}}}, got a JSON {_JSON_KINDS.get(type(value), "value")}'
         )
     return None
 
 
-def _error_frame(problem: str, jsonrpc: bool) -> str:
-    if jsonrpc:  # the /mcp endpoint speaks JSON-RPC 2.0: -32600 is "invalid request"
-        body: dict = {"jsonrpc": "2.0", "error": {"code": -32600, "message": problem}, "id": None}
-    else:
-        body = {"type": "error", "data": {"message": problem, "code": "INVALID_JSON"}}
-    return json.dumps(body)
+_JSON_KINDS = {list: "array", int: "number", float: "number", str: "string", bool: "boolean"}
+_JSON_KINDS[type(None)] = "null"
+
+
+def _error_frame(problem: str, jsonrpc: bool, capacity: bool = False) -> str:
+    """An error frame in the endpoint's dialect: OpenEnv's error message, or JSON-RPC on /mcp."""
+    if jsonrpc:  # JSON-RPC 2.0: -32600 invalid request; -32000 server error (as OpenEnv's refusal)
+        error = {"code": -32000 if capacity else -32600, "message": problem}
+        return json.dumps({"jsonrpc": "2.0", "error": error, "id": None})
+    code = "CAPACITY_REACHED" if capacity else "INVALID_JSON"
+    return json.dumps({"type": "error", "data": {"message": problem, "code": code}})
 
 
 def create_app(
@@ -206,13 +245,19 @@ def create_app(
         return JSONResponse(status_code=409, content={"detail": str(exc)})
 
     async def bad_input(request: Request, exc: Exception) -> JSONResponse:
-        detail = exc.errors(include_url=False) if isinstance(exc, ValidationError) else str(exc)
+        if isinstance(exc, (ValidationError, RequestValidationError)):
+            # json_safe: FastAPI's own 422 handler fails (500) when the bad input is undecodable
+            # bytes, which it echoes back in the error
+            detail = json_safe([{k: v for k, v in e.items() if k != "url"} for e in exc.errors()])
+        else:
+            detail = str(exc)
         return JSONResponse(status_code=422, content={"detail": detail})
 
-    app.add_middleware(_WebSocketGuard)
+    app.add_middleware(_WebSocketGuard, server=server)
     app.add_exception_handler(SessionError, session_error)
     app.add_exception_handler(ResetOptionError, bad_input)
     app.add_exception_handler(ValidationError, bad_input)
+    app.add_exception_handler(RequestValidationError, bad_input)
     return app
 
 

@@ -1,0 +1,458 @@
+"""agentgym envs served over OpenEnv's protocol, driven by OpenEnv's own clients over loopback.
+
+Every server here is the real thing: uvicorn serving the app on 127.0.0.1 (in a thread, or in a
+child process for the CLI), with OpenEnv's ``EnvClient`` (our typed subclass and OpenEnv's
+``GenericEnvClient``) or a raw WebSocket for the malformed frames no client would send.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+pytest.importorskip("openenv", reason="openenv-core not installed")
+
+import httpx  # noqa: E402
+import uvicorn  # noqa: E402
+from openenv.core.generic_client import GenericEnvClient  # noqa: E402
+from websockets.sync.client import connect as ws_connect  # noqa: E402
+
+import agentgym  # noqa: E402
+from agentgym.core import INFO_KEYS  # noqa: E402
+from agentgym.integrations.openenv import (  # noqa: E402
+    AgentGymAction,
+    AgentGymEnvClient,
+    json_safe,
+    render_state_key,
+)
+from agentgym.integrations.openenv_server import (  # noqa: E402
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_SESSION_TIMEOUT_S,
+    create_app,
+)
+
+# every id that plays without downloaded data and whose packages are here
+PLAYABLE_IDS = [e.id for e in agentgym.ENTRIES if not e.real_data and e.available()]
+
+
+@contextlib.contextmanager
+def running_server(env_id: str, **app_kwargs: Any) -> Iterator[tuple[str, Any]]:
+    """Serve ``create_app(env_id, **app_kwargs)`` on a free loopback port; yield (url, app)."""
+    app = create_app(env_id, **app_kwargs)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def client(url: str) -> Any:
+    """OpenEnv's sync client wrapper around our typed EnvClient, connected."""
+    return AgentGymEnvClient(base_url=url, message_timeout_s=30).sync().connect()
+
+
+def pick_action(info: dict, rng: np.random.Generator, step: int) -> str:
+    """A random usable action, and an unusable one on step 2 (it must round-trip as invalid)."""
+    if step == 2:
+        return "xyzzy !! not an action"
+    choices = info.get("admissible_actions") or info.get("suggested_actions") or ["look"]
+    return str(choices[int(rng.integers(len(choices)))])
+
+
+def assert_same(remote: Any, obs: str, info: dict, reward: Any, terminated: bool, truncated: bool):
+    """One remote StepResult equals one local gymnasium result, field by field."""
+    o = remote.observation
+    assert o.text == obs
+    assert remote.reward == (None if reward is None else pytest.approx(float(reward)))
+    assert remote.done == (terminated or truncated)
+    assert (o.terminated, o.truncated) == (terminated, truncated)
+    assert o.state_key == render_state_key(info["state_key"])
+    assert o.task_id == info["task_id"]
+    assert o.admissible_actions == info["admissible_actions"]
+    assert (o.action_valid, o.won, o.score) == (info["action_valid"], info["won"], info["score"])
+    assert o.info == json_safe({k: v for k, v in info.items() if k not in INFO_KEYS})
+
+
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("env_id", PLAYABLE_IDS)
+def test_round_trip_equals_local_env(env_id):
+    """reset(seed) and a run of actions give over the wire exactly what the local env gives."""
+    local = gym.make(env_id)
+    with running_server(env_id, max_sessions=2) as (url, _), client(url) as remote:
+        for seed in (0, 7):
+            rng = np.random.default_rng(seed)
+            obs, info = local.reset(seed=seed)
+            result = remote.reset(seed=seed)
+            assert_same(result, obs, info, None, False, False)
+            for step in range(12):
+                action = pick_action(info, rng, step)
+                obs, reward, terminated, truncated, info = local.step(action)
+                result = remote.step(AgentGymAction(text=action) if step % 2 else action)
+                assert_same(result, obs, info, reward, terminated, truncated)
+                if step == 2:
+                    assert result.observation.action_valid is False
+                if terminated or truncated:
+                    break
+            state = remote.state()
+            assert (state.env_id, state.step_count) == (env_id, step + 1)
+            assert state.state_key == render_state_key(info["state_key"])
+            assert state.done == (terminated or truncated)
+
+
+def test_reset_options_pick_the_task():
+    """options travel to env.reset: the same task index gives the local env's task."""
+    local = gym.make("AgentGym/Sokoban-v0")
+    _, info = local.reset(seed=3, options={"task": 5})
+    with running_server("AgentGym/Sokoban-v0") as (url, _), client(url) as remote:
+        result = remote.reset(seed=3, options={"task": 5})
+        assert result.observation.task_id == info["task_id"]
+        assert result.observation.state_key == render_state_key(info["state_key"])
+
+
+def test_state_key_digest_is_equal_exactly_when_keys_are():
+    keys = [
+        (1, 2),
+        [1, 2],
+        (1, (2,)),
+        ((1, 2),),
+        b"a",
+        "a",
+        ("a", None),
+        ("a", False),
+        ("a", 0),
+        frozenset({"x", "y"}),
+        frozenset({"x"}),
+        (),
+        2**70,
+        1.0,
+        True,
+    ]
+    digests = [render_state_key(k) for k in keys]
+    assert len(set(digests)) == len(keys)
+    assert all(len(d) == 32 and int(d, 16) >= 0 for d in digests)
+    # a set hashes the same whatever order it iterates in; numpy scalars as their Python value
+    members = [f"fact-{i}" for i in range(50)]
+    assert render_state_key(frozenset(members)) == render_state_key(frozenset(reversed(members)))
+    assert render_state_key((np.int64(3), "s")) == render_state_key((3, "s"))
+    # over a real rollout: digests collide exactly where the env's keys do
+    env = gym.make("AgentGym/Sokoban-v0")
+    rng = np.random.default_rng(0)
+    _, info = env.reset(seed=1)
+    seen: dict[Any, str] = {}
+    for _ in range(200):
+        _, _, term, trunc, info = env.step(["up", "down", "left", "right"][rng.integers(4)])
+        digest = render_state_key(info["state_key"])
+        assert seen.setdefault(info["state_key"], digest) == digest
+        if term or trunc:
+            _, info = env.reset()
+    assert len(set(seen.values())) == len(seen) > 5
+
+
+def test_json_safe_keeps_what_json_can_hold():
+    value = {
+        1: (1, 2.5, None),
+        "s": {"b", "a"},
+        "raw": b"caf\xc3\xa9\xff",
+        "np": np.arange(3),
+        "x": np.float32(0.5),
+        "inf": float("inf"),
+    }
+    out = json_safe(value)
+    assert json.loads(json.dumps(out, allow_nan=False)) == {
+        "1": [1, 2.5, None],
+        "s": ["a", "b"],
+        "raw": "café\ufffd",
+        "np": [0, 1, 2],
+        "x": 0.5,
+        "inf": None,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+def test_two_sessions_are_isolated():
+    """Interleaved steps of two connections never leak: each matches its own local env."""
+    env_id = "AgentGym/Sokoban-v0"
+    locals_ = [gym.make(env_id), gym.make(env_id)]
+    with running_server(env_id, max_sessions=2) as (url, app), client(url) as a, client(url) as b:
+        remotes = [a, b]
+        infos = []
+        for seed, local, remote in zip((0, 1), locals_, remotes, strict=True):
+            obs, info = local.reset(seed=seed)
+            assert_same(remote.reset(seed=seed), obs, info, None, False, False)
+            infos.append(info)
+        assert infos[0]["task_id"] != infos[1]["task_id"]
+        assert app.state.openenv_server.active_sessions == 2
+        rng = np.random.default_rng(0)
+        for step in range(10):
+            for i in rng.permutation(2):
+                action = ["up", "down", "left", "right"][rng.integers(4)]
+                obs, reward, term, trunc, infos[i] = locals_[i].step(action)
+                assert_same(remotes[i].step(action), obs, infos[i], reward, term, trunc)
+                if term or trunc:  # start that one over; the other must not notice
+                    obs, infos[i] = locals_[i].reset(seed=10 + step)
+                    assert_same(remotes[i].reset(seed=10 + step), obs, infos[i], None, False, False)
+        # resetting one session leaves the other's episode where it was
+        before = b.state()
+        a.reset(seed=99)
+        assert b.state() == before
+
+
+def test_session_bound_refuses_with_a_clear_error_not_a_hang():
+    with running_server("AgentGym/Corridor-v0", max_sessions=2) as (url, app):
+        server = app.state.openenv_server
+        with client(url) as a, client(url) as b:
+            a.reset(seed=0)
+            b.reset(seed=1)
+            for _ in range(3):  # refused every time, at once
+                t0 = time.monotonic()
+                with pytest.raises(
+                    RuntimeError, match="capacity.*--max-sessions.*CAPACITY_REACHED"
+                ):
+                    with client(url) as c:
+                        c.reset(seed=2)
+                assert time.monotonic() - t0 < 5
+            assert server.active_sessions == 2
+            # the sessions inside the bound keep serving
+            assert a.step("forward").observation.task_id == a.state().task_id
+        # once they close, the slots free up
+        deadline = time.monotonic() + 10
+        while server.active_sessions and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with client(url) as c:
+            assert c.reset(seed=2).observation.task_id
+
+
+def test_idle_session_times_out_and_says_so():
+    with running_server("AgentGym/Corridor-v0", max_sessions=1, session_timeout=0.3) as (
+        url,
+        app,
+    ):
+        server = app.state.openenv_server
+        with client(url) as busy:  # activity keeps a session alive past its timeout
+            busy.reset(seed=0)
+            for _ in range(8):  # 0.8 s in all, each gap well inside the timeout
+                time.sleep(0.1)
+                busy.step("wait")  # an unusable action is still activity
+            assert busy.step("wait").observation.text
+        deadline = time.monotonic() + 10
+        while server.active_sessions and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with client(url) as idle:
+            idle.reset(seed=0)
+            time.sleep(1.0)  # > timeout + reaper interval
+            assert server.active_sessions == 0  # the slot is free again
+            with pytest.raises(RuntimeError, match="session closed after 0.3 s"):
+                idle.step("wait")
+            with pytest.raises(RuntimeError, match="session closed"):
+                idle.reset(seed=1)
+        with client(url) as fresh:  # and a new session takes the freed slot
+            assert fresh.reset(seed=0).observation.text
+
+
+# ---------------------------------------------------------------------------------------------
+def test_malformed_websocket_messages_get_errors_and_the_session_keeps_serving():
+    local = gym.make("AgentGym/Sokoban-v0")
+    with running_server("AgentGym/Sokoban-v0") as (url, _):
+        with ws_connect(url.replace("http", "ws") + "/ws", open_timeout=10) as ws:
+
+            def ask(frame: str | bytes) -> dict:
+                ws.send(frame)
+                return json.loads(ws.recv(timeout=10))
+
+            cases = {
+                "not json {": ("INVALID_JSON", "Invalid JSON"),
+                "[1, 2]": ("INVALID_JSON", "got a JSON array"),
+                "3": ("INVALID_JSON", "got a JSON number"),
+                "null": ("INVALID_JSON", "got a JSON null"),
+                b"\x00\xff": ("INVALID_JSON", "binary frames"),
+                '{"type": "fly"}': ("UNKNOWN_TYPE", "fly"),
+                '{"type": "step"}': ("VALIDATION_ERROR", ""),
+                '{"type": "step", "data": "up"}': ("VALIDATION_ERROR", ""),
+                '{"type": "step", "data": {"text": 5}}': ("VALIDATION_ERROR", ""),
+                '{"type": "step", "data": {"txt": "up"}}': ("VALIDATION_ERROR", ""),
+                '{"type": "step", "data": {"text": "up"}}': ("EXECUTION_ERROR", "send reset"),
+                '{"type": "reset", "data": [1]}': ("VALIDATION_ERROR", ""),
+                '{"type": "reset", "data": {"seed": "x"}}': ("EXECUTION_ERROR", "seed"),
+                '{"type": "reset", "data": {"seed": -1}}': ("EXECUTION_ERROR", "seed"),
+                '{"type": "reset", "data": {"sed": 1}}': ("EXECUTION_ERROR", "sed"),
+                '{"type": "reset", "data": {"options": {"spilt": "x"}}}': (
+                    "EXECUTION_ERROR",
+                    "no reset option spilt",
+                ),
+            }
+            for frame, (code, words) in cases.items():
+                answer = ask(frame)
+                assert answer["type"] == "error", frame
+                assert answer["data"]["code"] == code, (frame, answer)
+                assert words in answer["data"]["message"], (frame, answer)
+            # the same session still plays, exactly as the local env
+            obs, info = local.reset(seed=4)
+            answer = ask(json.dumps({"type": "reset", "data": {"seed": 4}}))
+            assert answer["data"]["observation"]["text"] == obs
+            obs, reward, *_ = local.step("left")
+            answer = ask(json.dumps({"type": "step", "data": {"text": "left"}}))
+            assert answer["type"] == "observation", answer
+            assert answer["data"]["observation"]["text"] == obs
+            assert answer["data"]["reward"] == pytest.approx(reward)
+            assert ask('{"type": "state"}')["data"]["step_count"] == 1
+        # OpenEnv's generic client over the same server: errors surface as RuntimeError
+        with GenericEnvClient(base_url=url).sync() as generic:
+            with pytest.raises(RuntimeError, match="VALIDATION_ERROR"):
+                generic.step({"text": ["up"]})
+            assert generic.reset(seed=4).observation["text"] == local.reset(seed=4)[0]
+
+
+def test_http_endpoints_answer_bad_requests_with_4xx():
+    with running_server("AgentGym/Sokoban-v0") as (url, _):
+        http = httpx.Client(base_url=url, timeout=30)
+        local_obs, _ = gym.make("AgentGym/Sokoban-v0").reset(seed=2)
+        ok = http.post("/reset", json={"seed": 2})
+        assert ok.status_code == 200 and ok.json()["observation"]["text"] == local_obs
+        step = http.post("/step", json={"action": {"text": "up"}})
+        assert step.status_code == 409 and "/ws" in step.json()["detail"]
+        bad = [
+            http.post("/reset", content=b"not json", headers={"content-type": "application/json"}),
+            http.post("/reset", json={"seed": -1}),
+            http.post("/reset", json={"seed": "x"}),
+            http.post("/reset", json={"seed": 0, "options": {"bogus": 1}}),
+            http.post("/reset", json={"seed": 0, "sed": 1}),
+            http.post("/step", json={"action": {"text": 3}}),
+            http.post("/step", json={"act": "up"}),
+            http.post("/step", content=b"\xff"),
+        ]
+        assert [r.status_code for r in bad] == [422] * len(bad), [r.text for r in bad]
+        assert "bogus" in bad[3].text and "sed" in bad[4].text
+        assert http.get("/health").json()["status"] == "healthy"
+        assert http.get("/metadata").json()["name"] == "AgentGym/Sokoban-v0"
+        schema = http.get("/schema").json()
+        assert "text" in schema["action"]["properties"]
+        assert "state_key" in schema["observation"]["properties"]
+
+
+def test_unknown_session_ids_are_errors():
+    """OpenEnv's session methods (JSON-RPC over /mcp) answer an unknown id with an error."""
+    with running_server("AgentGym/Corridor-v0") as (url, _):
+        http = httpx.Client(base_url=url, timeout=30)
+        answer = http.post(
+            "/mcp",
+            json={
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "openenv/session/close",
+                "params": {"session_id": "no-such-session"},
+            },
+        ).json()
+        assert "Unknown session_id: no-such-session" in answer["error"]["message"]
+        assert http.post("/mcp", content=b"{oops").json()["error"]["code"] == -32700
+        with ws_connect(url.replace("http", "ws") + "/mcp", open_timeout=10) as ws:
+            ws.send("[1]")  # a frame OpenEnv's JSON-RPC loop would die on
+            assert json.loads(ws.recv(timeout=10))["error"]["code"] == -32600
+        with client(url) as c:  # and the server still serves sessions
+            assert c.reset(seed=0).observation.text
+
+
+# ---------------------------------------------------------------------------------------------
+def test_cli_serves_a_real_process_and_stops_on_ctrl_c(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "agentgym.integrations.openenv_cli", "Corridor-v0"]
+    cmd += ["--port", str(port), "--max-sessions", "1", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "server did not come up"
+                time.sleep(0.1)
+        local = gym.make("AgentGym/Corridor-v0")
+        with client(url) as remote:
+            obs, info = local.reset(seed=5)
+            assert_same(remote.reset(seed=5), obs, info, None, False, False)
+            action = info["admissible_actions"][0]
+            assert_same(remote.step(action), *_reorder(local.step(action)))
+            with pytest.raises(RuntimeError, match="CAPACITY_REACHED"), client(url) as extra:
+                extra.reset()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "AgentGym/Corridor-v0 over OpenEnv at ws://127.0.0.1" in err
+
+
+def _reorder(step: tuple) -> tuple:
+    obs, reward, terminated, truncated, info = step
+    return obs, info, reward, terminated, truncated
+
+
+def test_cli_errors_are_one_line(capsys):
+    from agentgym.integrations.openenv_cli import main
+
+    assert main(["Nope-v0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unknown env id 'Nope-v0'" in err
+    assert main(["Corridor-v0", "--env-kwargs", '{"no_such_kwarg": 1}']) == 2
+    assert "no_such_kwarg" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["Corridor-v0", "--session-timeout", "-1"])
+    assert "--session-timeout" in capsys.readouterr().err
+
+
+def test_cli_defaults_match_the_server_defaults():
+    import argparse
+
+    from agentgym.integrations.openenv_cli import add_parser
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["serve", "Corridor-v0"])
+    assert (args.max_sessions, args.session_timeout) == (
+        DEFAULT_MAX_SESSIONS,
+        DEFAULT_SESSION_TIMEOUT_S,
+    )
+    assert args.host == "127.0.0.1"
+
+
+def test_import_agentgym_never_imports_openenv_and_the_guard_names_the_extra():
+    code = (
+        "import sys, agentgym, agentgym.integrations\n"
+        "assert 'openenv' not in sys.modules\n"
+        "sys.modules['openenv'] = None  # as if openenv-core were not installed\n"
+        "for name in ('openenv', 'openenv_server'):\n"
+        "    try:\n"
+        "        __import__('agentgym.integrations.' + name)\n"
+        "    except ImportError as exc:\n"
+        "        print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.splitlines()
+    assert len(out) == 2
+    assert all('pip install "agentgym-envs[openenv]"' in line for line in out), out
