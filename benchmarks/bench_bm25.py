@@ -234,9 +234,9 @@ def main() -> None:
     }
     versions = {}
     if not args.no_pyserini:
-        from agentgym.retrieval.java import ensure_java
+        from agentgym.retrieval.java import ensure_java, java_version
 
-        versions["java_home"] = ensure_java()
+        versions["java"] = ".".join(map(str, java_version(ensure_java()) or ()))
         backends["agentgym-pyserini"] = build_agentgym("pyserini", workdir)
     import bm25s
 
