@@ -18,7 +18,10 @@ Where a search runs (``DenseIndex.search_path``):
   against FAISS.
 
 By default a CUDA machine gets ``faiss-gpu`` when faiss can, else ``torch-cuda`` for flat indexes;
-HNSW always searches on the CPU; a CPU machine gets ``faiss-cpu``.
+HNSW always searches on the CPU; a CPU machine gets ``faiss-cpu``. Both exact paths return the
+same rows; which is faster depends on the BLAS each links: ``benchmarks/bench_retrieval_build.py``
+times them side by side, and where FAISS's BLAS is the slower one, ``search_path="torch-cpu"``
+(e.g. ``open_retriever(dir, search_path="torch-cpu")``) answers batches of queries faster.
 """
 
 from __future__ import annotations
