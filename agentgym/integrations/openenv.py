@@ -232,7 +232,11 @@ class ServedEnvironment(Environment[AgentGymAction, AgentGymObservation, AgentGy
     """One agentgym env behind OpenEnv's ``Environment`` interface (one per server session).
 
     The gymnasium env is built on the first ``reset`` (``gym.make(env_id, **env_kwargs)``), so
-    OpenEnv's stateless endpoints (``/state``, ``/metadata``) cost nothing. Each instance owns
+    OpenEnv's stateless endpoints (``/state``, ``/metadata``) cost nothing. With ``llm`` (the
+    keyword arguments of :func:`agentgym.wrappers.llm.make_llm_env`, ``{}`` for its defaults)
+    the env is wrapped for a language model: observations are whole prompts (task, recent
+    history, admissible actions, output format) and actions are the model's raw text, parsed
+    by the wrapper (unparseable text is an invalid step with ``info["parse_error"]``). Each instance owns
     its env; data every env of a family shares (catalogues, room caches) stays one read-only
     copy per process, which is why sessions may run concurrently.
 
@@ -245,10 +249,16 @@ class ServedEnvironment(Environment[AgentGymAction, AgentGymObservation, AgentGy
 
     SUPPORTS_CONCURRENT_SESSIONS = True  # every session builds its own env (see the docstring)
 
-    def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        env_id: str,
+        env_kwargs: dict[str, Any] | None = None,
+        llm: dict[str, Any] | None = None,
+    ):
         super().__init__()
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})
+        self.llm = None if llm is None else dict(llm)
         self._env: gym.Env | None = None
         self._state = AgentGymState(env_id=env_id)
         self._closed_reason: str | None = None
@@ -277,7 +287,7 @@ class ServedEnvironment(Environment[AgentGymAction, AgentGymObservation, AgentGy
             ) from None
         self._check_open()
         if self._env is None:
-            self._env = gym.make(self.env_id, **self.env_kwargs)
+            self._env = self._make_env()
         try:
             obs, info = self._env.reset(seed=params.seed, options=params.options)
         except BaseException:
@@ -335,6 +345,14 @@ class ServedEnvironment(Environment[AgentGymAction, AgentGymObservation, AgentGy
             self._env = None
 
     # -- helpers --------------------------------------------------------------------------------
+    def _make_env(self) -> gym.Env:
+        env = gym.make(self.env_id, **self.env_kwargs)
+        if self.llm is not None:
+            from agentgym.wrappers.llm import make_llm_env
+
+            env = make_llm_env(env, **self.llm)
+        return env
+
     def expire(self, reason: str) -> None:
         """Record why the server is about to close this session, for the next message's error."""
         self._closed_reason = reason

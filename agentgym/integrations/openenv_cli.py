@@ -3,6 +3,7 @@
 agentgym serve AgentGym/Sokoban-v0 --port 8000
 agentgym serve Corridor-v0 --port 8000 --max-sessions 64 --session-timeout 120
 agentgym serve AgentGym/Sokoban-v0 --host 0.0.0.0 --port 8000   # reachable from other hosts
+agentgym serve AgentGym/Sokoban-v0 --port 8000 --llm   # prompts out, raw model text in
 
 Clients connect to ws://HOST:PORT/ws (OpenEnv's ``EnvClient``, e.g.
 ``agentgym.integrations.openenv.AgentGymEnvClient``); each connection is one session with its
@@ -46,6 +47,16 @@ def _max_sessions(text: str) -> int:
     return value
 
 
+def _history_length(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -77,6 +88,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             env_kwargs=args.env_kwargs,
+            llm={"history_length": args.history_length} if args.llm else None,
             max_sessions=args.max_sessions,
             session_timeout=args.session_timeout,
             log_level=args.log_level,
@@ -121,6 +133,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=_env_kwargs,
         default=None,
         help="JSON object of gym.make keyword arguments, e.g. '{\"max_episode_steps\": 20}'",
+    )
+    p.add_argument(
+        "--llm",
+        action="store_true",
+        help="serve prompts for a language model (task, history, admissible actions, format) and "
+        "take its raw text as the action, e.g. '<think>...</think><action>up</action>'",
+    )
+    p.add_argument(
+        "--history-length",
+        type=_history_length,
+        default=2,
+        help="with --llm: past (observation, action) pairs in each prompt (2)",
     )
     p.add_argument(
         "--log-level",

@@ -204,13 +204,16 @@ def create_app(
     env_id: str,
     *,
     env_kwargs: dict[str, Any] | None = None,
+    llm: dict[str, Any] | None = None,
     max_sessions: int = DEFAULT_MAX_SESSIONS,
     session_timeout: float | None = DEFAULT_SESSION_TIMEOUT_S,
 ) -> FastAPI:
     """The FastAPI app serving ``env_id`` over OpenEnv's protocol (see the module docstring).
 
     ``max_sessions`` (>= 1) bounds the concurrent sessions; ``session_timeout`` is the idle time
-    in seconds after which a session is closed (None: never). The id is checked here: an unknown
+    in seconds after which a session is closed (None: never). ``env_kwargs`` go to ``gym.make``;
+    ``llm`` (``make_llm_env`` keyword arguments) serves prompts and takes raw model text (see
+    :class:`~agentgym.integrations.openenv.ServedEnvironment`). The id is checked here: an unknown
     id raises ``KeyError`` and missing packages :class:`agentgym.envs.MissingExtra`, each naming
     what to do; the env's own data is checked when :func:`serve` builds a first env.
     """
@@ -223,7 +226,7 @@ def create_app(
         raise ValueError(f"session_timeout must be > 0 seconds or None, got {session_timeout}")
     # a partial of the class (not a lambda): OpenEnv then reads SUPPORTS_CONCURRENT_SESSIONS from
     # the class instead of building a throwaway env to check it
-    factory = functools.partial(ServedEnvironment, env_id, env_kwargs)
+    factory = functools.partial(ServedEnvironment, env_id, env_kwargs, llm)
     server = _AgentGymEnvServer(
         factory,
         AgentGymAction,
@@ -267,6 +270,7 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     env_kwargs: dict[str, Any] | None = None,
+    llm: dict[str, Any] | None = None,
     max_sessions: int = DEFAULT_MAX_SESSIONS,
     session_timeout: float | None = DEFAULT_SESSION_TIMEOUT_S,
     log_level: str = "info",
@@ -276,13 +280,16 @@ def serve(
     One env is built and reset first, so a missing data set fails here in one message rather than
     in the first session, and the family's shared data is loaded before the first client waits.
     """
-    import gymnasium as gym
     import uvicorn
 
     app = create_app(
-        env_id, env_kwargs=env_kwargs, max_sessions=max_sessions, session_timeout=session_timeout
+        env_id,
+        env_kwargs=env_kwargs,
+        llm=llm,
+        max_sessions=max_sessions,
+        session_timeout=session_timeout,
     )
-    probe = gym.make(env_id, **(env_kwargs or {}))
+    probe = ServedEnvironment(env_id, env_kwargs, llm)
     probe.reset(seed=0)
     probe.close()
     timeout = f"idle timeout {session_timeout:g} s" if session_timeout else "no idle timeout"

@@ -119,6 +119,27 @@ def test_round_trip_equals_local_env(env_id):
             assert state.done == (terminated or truncated)
 
 
+def test_llm_mode_serves_prompts_and_parses_model_text():
+    """With llm=..., the session is make_llm_env over the id: prompts out, raw model text in."""
+    from agentgym.wrappers.llm import make_llm_env
+
+    env_id = "AgentGym/Sokoban-v0"
+    local = make_llm_env(gym.make(env_id), history_length=1)
+    with running_server(env_id, llm={"history_length": 1}) as (url, _), client(url) as remote:
+        obs, info = local.reset(seed=3)
+        assert_same(remote.reset(seed=3), obs, info, None, False, False)
+        assert "<action>" in obs  # a prompt, not the bare board
+        for text in [
+            "<think>go</think><action>up</action>",
+            "no tags",
+            "<think>b</think><action>left</action>",
+        ]:
+            obs, reward, terminated, truncated, info = local.step(text)
+            result = remote.step(text)
+            assert_same(result, obs, info, reward, terminated, truncated)
+        assert result.observation.info["parsed_action"] == "left"
+
+
 def test_reset_options_pick_the_task():
     """options travel to env.reset: the same task index gives the local env's task."""
     local = gym.make("AgentGym/Sokoban-v0")
