@@ -126,10 +126,10 @@ def test_env_error_names_the_env_and_the_next_calls_stay_in_sync(backend, reques
         vec.close()
 
 
-@pytest.mark.parametrize("backend", ["inprocess", "process"])
-def test_keyboard_interrupt_mid_step_leaves_the_backend_in_sync(backend):
+@pytest.mark.parametrize("backend", ["inprocess", *SHARDED])
+def test_keyboard_interrupt_mid_step_leaves_the_backend_in_sync(backend, request):
     ref = make("inprocess", num_groups=2, group_size=2, wrappers=FAULTY)
-    vec = make(backend, num_groups=2, group_size=2, wrappers=FAULTY, step_timeout=30)
+    vec = make(backend, request, num_groups=2, group_size=2, wrappers=FAULTY, step_timeout=30)
     try:
         vec.reset(seed=0)
         timer = threading.Timer(0.15, os.kill, (os.getpid(), signal.SIGINT))
