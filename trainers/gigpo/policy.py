@@ -25,6 +25,8 @@ from typing import Any, Protocol
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from trainers.gigpo.generation import StaticDecoder
+
 
 @dataclass
 class Generation:
@@ -74,6 +76,12 @@ class HFPolicy:
     ``repetition_penalty=1.05``, ``top_k=20``, ``temperature=0.7``) are overridden, so rollouts
     are sampled from the policy the update trains. ``autocast`` (a context-manager factory, e.g.
     bf16 on GPU) wraps generation; the log-probs are computed in float32.
+
+    ``fast`` (the default) decodes with :class:`trainers.gigpo.generation.StaticDecoder`: a
+    static KV cache, sampling on the device, finished rows dropped as they end, and on CUDA a
+    compiled (CUDA-graph) decode step (``compile``: None = on CUDA only). ``fast=False`` calls
+    ``generate`` (the reference path; the two give the same greedy tokens, and the same
+    sampled tokens when no row is dropped, see ``tests/trainers/test_generation.py``).
     """
 
     def __init__(
@@ -87,9 +95,12 @@ class HFPolicy:
         max_prompt_tokens: int | None = None,
         batch_size: int = 64,
         autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+        fast: bool = True,
+        compile: bool | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
+        self.fast = fast
         self.temperature = temperature
         self.top_p = top_p
         self.max_new_tokens = max_new_tokens
@@ -99,6 +110,9 @@ class HFPolicy:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        )
+        self.decoder = StaticDecoder(
+            model, eos_ids=self.eos_ids, pad_id=self.pad_id, compile=compile
         )
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -131,6 +145,18 @@ class HFPolicy:
         return out
 
     def _generate_batch(self, batch: list[list[int]], temperature: float) -> list[Generation]:
+        if self.fast:
+            ids, logprobs = self.decoder.generate(
+                batch,
+                max_new_tokens=self.max_new_tokens,
+                temperature=temperature,
+                top_p=self.top_p,
+                autocast=self.autocast,
+            )
+            return [
+                Generation(self.tokenizer.decode(r, skip_special_tokens=True), p, r, lp)
+                for p, r, lp in zip(batch, ids, logprobs, strict=True)
+            ]
         device = next(self.model.parameters()).device
         width = max(len(ids) for ids in batch)
         input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)

@@ -1,0 +1,153 @@
+"""The static-cache decoder against transformers' own ``generate``, on CPU with real tiny models.
+
+Greedy decoding must give ``generate``'s tokens exactly (ragged prompts, rows ending at
+different steps, with and without compaction); sampling without compaction must draw
+``generate``'s very tokens from the same random state; sampling with compaction (which changes
+which rows the random draws go to) must match ``generate``'s per-position token frequencies.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from trainers.gigpo.generation import StaticDecoder, sample_next
+from trainers.gigpo.policy import HFPolicy
+
+VOCAB, PAD, EOS = 24, 0, 1
+
+
+def peaked_model(seed: int) -> Qwen2ForCausalLM:
+    """A random Qwen2 whose logits are far from uniform (large init), so greedy decoding ends
+    rows at different steps and sampling has a shape worth comparing."""
+    config = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        initializer_range=0.4, pad_token_id=PAD, eos_token_id=EOS, tie_word_embeddings=True,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config).eval()
+    model.generation_config.pad_token_id = PAD
+    model.generation_config.eos_token_id = EOS
+    return model
+
+
+def ragged_prompts(n: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 14, (n,), generator=g)
+    return [torch.randint(2, VOCAB, (int(k),), generator=g).tolist() for k in lengths]
+
+
+def plain_generate(model, prompts, max_new_tokens, **sampling) -> list[list[int]]:
+    """``generate`` on the left-padded batch, each row cut after its first end token."""
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), PAD)
+    attention = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        attention[i, width - len(p) :] = 1
+    out = model.generate(
+        input_ids=ids, attention_mask=attention, max_new_tokens=max_new_tokens,
+        pad_token_id=PAD, eos_token_id=EOS, **sampling,
+    )[:, width:].tolist()  # fmt: skip
+    return [r[: r.index(EOS) + 1] if EOS in r else r for r in out]
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_greedy_equals_generate_on_ragged_prompts_that_end_early(compact):
+    for seed in range(3):
+        model = peaked_model(seed)
+        prompts = ragged_prompts(12, seed)
+        expected = plain_generate(model, prompts, 24, do_sample=False)
+        decoder = StaticDecoder(model, eos_ids=[EOS], pad_id=PAD, compact=compact, check_every=2)
+        got, logprobs = decoder.generate(prompts, max_new_tokens=24, temperature=0)
+        assert got == expected
+        assert [len(lp) for lp in logprobs] == [len(r) for r in got]
+    lengths = {len(r) for r in got}
+    assert len(lengths) > 2 and min(lengths) < 24, lengths  # rows did end at different steps
+
+
+def test_sampling_without_compaction_draws_generates_tokens():
+    model = peaked_model(5)
+    prompts = ragged_prompts(10, 5)
+    for temperature, top_p in ((1.0, 1.0), (0.7, 0.9)):
+        torch.manual_seed(11)
+        expected = plain_generate(
+            model, prompts, 16, do_sample=True, temperature=temperature, top_k=0, top_p=top_p
+        )
+        torch.manual_seed(11)
+        got, _ = StaticDecoder(model, eos_ids=[EOS], pad_id=PAD, compact=False).generate(
+            prompts, max_new_tokens=16, temperature=temperature, top_p=top_p
+        )
+        assert got == expected
+
+
+def test_sampled_log_probs_are_the_tokens_log_probs_at_the_temperature():
+    model = peaked_model(2)
+    prompts = ragged_prompts(6, 2)
+    torch.manual_seed(0)
+    got, logprobs = StaticDecoder(model, eos_ids=[EOS], pad_id=PAD, check_every=1).generate(
+        prompts, max_new_tokens=8, temperature=0.7
+    )
+    with torch.no_grad():
+        for p, r, lp in zip(prompts, got, logprobs, strict=True):
+            logits = model(torch.tensor([p + r])).logits[0, len(p) - 1 : -1] / 0.7
+            want = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r)[:, None])[:, 0]
+            assert lp == pytest.approx(want.tolist(), abs=1e-4)
+
+
+def test_compacted_sampling_matches_generate_in_distribution():
+    """Per-position token frequencies over 600 samples of one prompt set: compaction changes
+    which random draw each row gets, not the distribution (total variation vs generate's
+    frequencies within what two samples of this size differ by)."""
+    model = peaked_model(7)
+    prompts = ragged_prompts(3, 7) * 200  # 600 rows: 200 samples per prompt
+    positions = 6
+
+    def freqs(rows):
+        counts = np.zeros((3, positions, VOCAB + 1))
+        for i, r in enumerate(rows):
+            for t in range(positions):
+                counts[i % 3, t, r[t] if t < len(r) else VOCAB] += 1  # VOCAB: ended
+        return counts / 200
+
+    torch.manual_seed(3)
+    ref = freqs(plain_generate(model, prompts, positions, do_sample=True, top_k=0, top_p=1.0))
+    torch.manual_seed(4)
+    ref2 = freqs(plain_generate(model, prompts, positions, do_sample=True, top_k=0, top_p=1.0))
+    torch.manual_seed(5)
+    got, _ = StaticDecoder(model, eos_ids=[EOS], pad_id=PAD, check_every=1).generate(
+        prompts[::-1], max_new_tokens=positions, temperature=1.0
+    )
+    fast = freqs(got[::-1])
+    tv = 0.5 * np.abs(fast - ref).sum(-1)  # (prompt, position)
+    tv_same = 0.5 * np.abs(ref2 - ref).sum(-1)  # two draws of generate itself
+    assert tv.max() < 0.25 and tv.mean() < 2 * tv_same.mean() + 0.02, (tv, tv_same)
+    ended = fast[..., VOCAB].sum()
+    assert ended > 0  # rows did end early, so compaction ran
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    seen = {int(sample_next(logits, 1.0, 0.8)[0]) for _ in range(200)}
+    assert seen == {0, 1}
+
+
+def test_hf_policy_fast_path_equals_generate_path():
+    """The policy's two HF paths give the same greedy responses through the whole stack
+    (chat template, length-sorted batches, decoding of the text)."""
+    from trainers.gigpo.tiny import build_model, build_tokenizer
+
+    tok = build_tokenizer(["Room 1 of 3 . Light comes through the red door . blue green back"])
+    model = build_model(tok, seed=1)
+    prompts = ["Room 1 of 3.", "Light comes through the red door. Room 2 of 3.", "back", "red"]
+    slow = HFPolicy(model, tok, max_new_tokens=6, batch_size=3, fast=False)
+    fast = HFPolicy(model, tok, max_new_tokens=6, batch_size=3, fast=True)
+    a, b = slow.generate(prompts, temperature=0), fast.generate(prompts, temperature=0)
+    assert [g.response_ids for g in a] == [g.response_ids for g in b]
+    assert [g.text for g in a] == [g.text for g in b]
+    for x, y in zip(a, b, strict=True):
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)

@@ -1,0 +1,259 @@
+"""Fast sampling for the Hugging Face backend: a static KV cache, our own decode loop, compaction.
+
+``transformers``' ``generate`` grows a dynamic KV cache by concatenation, runs Python logits
+processors every token and keeps decoding rows that have already finished. Decoding is
+memory-bound (every step reads all weights plus the KV cache), so what matters is steps per
+second at a large batch. :class:`StaticDecoder` therefore:
+
+- prefills a length-sorted chunk of prompts (left-padded, so every prompt ends in the same
+  cache column) into one preallocated :class:`transformers.StaticCache` of width
+  ``prompt width + max_new_tokens``, computing logits for the last position only;
+- decodes one token per step for the whole chunk with fixed shapes (``(B, 1)`` ids, a
+  ``(B, cache width)`` attention mask updated in place), which is what lets CUDA graphs
+  replay the step (``torch.compile(mode="reduce-overhead")`` on CUDA; eager elsewhere);
+- samples on the device (temperature, optional top-p, ``torch.multinomial``, exactly the
+  operations ``generate`` performs, in the same order) and records log p(token) under the
+  temperature-scaled full distribution without leaving the device;
+- looks at which rows finished only every ``check_every`` steps (one host sync), and drops
+  them from the batch and the KV cache when the live rows fit a batch half the size (so a
+  compiled step sees at most log2(B) distinct batch shapes).
+
+Same distribution as ``generate``: greedy decoding gives ``generate``'s tokens, and with
+compaction off a sampled run draws ``generate``'s very tokens from the same random state (the
+same ``multinomial`` calls over the same rows); ``tests/trainers/test_generation.py`` checks
+both, and the sampled distribution with compaction on.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+
+#: Steps between looks at which rows finished (each look is one device-to-host sync).
+CHECK_EVERY = 16
+
+
+def sample_next(
+    logits: torch.Tensor, temperature: float, top_p: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row from ``logits (B, V)`` as ``generate`` does; all on the device.
+
+    Returns ``(tokens (B,), logprobs (B,))``; the log-probs are of the full distribution at
+    ``temperature`` (before top-p), the distribution the update's forward pass scores.
+    ``temperature <= 0`` is greedy (argmax; log-probs at temperature 1).
+    """
+    scores = logits.float()
+    if temperature <= 0:
+        tokens = scores.argmax(dim=-1)
+        logp = torch.log_softmax(scores, dim=-1)
+        return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+    scores = scores / temperature  # transformers' TemperatureLogitsWarper
+    logp = torch.log_softmax(scores, dim=-1)
+    if top_p < 1.0:  # transformers' TopPLogitsWarper (min_tokens_to_keep=1)
+        sorted_logits, sorted_idx = torch.sort(scores, descending=False)
+        remove = sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
+        remove[..., -1:] = False
+        scores = scores.masked_fill(remove.scatter(1, sorted_idx, remove), -float("inf"))
+    tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class StaticDecoder:
+    """Generates for left-padded prompt batches with a static KV cache (see the module doc).
+
+    Args:
+        model: a causal LM from ``transformers`` (a peft wrapper is fine) whose cache layers
+            are static-cache capable (Qwen2, Llama and most decoder-only models).
+        eos_ids: tokens that end a response (kept in the output).
+        pad_id: written after a row's end (never returned).
+        compile: wrap the decode step in ``torch.compile(mode="reduce-overhead")`` (CUDA graphs).
+            None: on CUDA only. A step that fails to compile falls back to eager, once, with a
+            warning.
+        compact: drop finished rows from the batch (and its KV cache) as they end. Off, every
+            row decodes to the longest response, as ``generate`` does.
+        check_every: decode steps between looks at which rows finished.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        eos_ids: Sequence[int],
+        pad_id: int,
+        compile: bool | None = None,
+        compact: bool = True,
+        check_every: int = CHECK_EVERY,
+    ):
+        self.model = model
+        self.eos_ids = list(eos_ids)
+        self.pad_id = pad_id
+        self.compile = compile
+        self.compact = compact
+        self.check_every = max(1, check_every)
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.config = base.config
+        params = inspect.signature(base.forward).parameters
+        # transformers renamed `past_key_values` to `cache` and dropped `cache_position` in 5.x;
+        # both spellings are supported so the decoder runs on either side of the change.
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._needs_cache_position = "cache_position" in params
+        self._compiled: Callable[..., torch.Tensor] | None = None
+        self._compile_failed = False
+
+    # ------------------------------------------------------------------------------------------
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Any,
+        cache_position: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits ``(B, V)`` of the last position of ``ids (B, S)``, written at cache columns
+        ``cache_position (S,)`` (read by transformers versions that take it)."""
+        kwargs: dict[str, Any] = {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": positions,
+            self._cache_kw: cache,
+            "use_cache": True,
+            "logits_to_keep": 1,
+        }
+        if self._needs_cache_position:
+            kwargs["cache_position"] = cache_position
+        return self.model(**kwargs).logits[:, -1]
+
+    def _step(self, device: torch.device) -> Callable[..., torch.Tensor]:
+        use_compile = self.compile if self.compile is not None else device.type == "cuda"
+        if not use_compile or self._compile_failed:
+            return self._forward
+        if self._compiled is None:
+            self._compiled = torch.compile(self._forward, mode="reduce-overhead", dynamic=False)
+        return self._compiled
+
+    def _new_cache(self, width: int) -> Any:
+        from transformers import StaticCache
+
+        return StaticCache(config=self.config, max_cache_len=width)
+
+    @staticmethod
+    def _compact_cache(cache: Any, keep: torch.Tensor) -> None:
+        """Keep rows ``keep`` of every layer's keys and values (new static tensors)."""
+        for layer in cache.layers:
+            if not getattr(layer, "is_initialized", True) or getattr(layer, "keys", None) is None:
+                continue
+            layer.keys = layer.keys.index_select(0, keep)
+            layer.values = layer.values.index_select(0, keep)
+            if hasattr(layer, "batch_size"):
+                layer.batch_size = len(keep)
+            # A compiled step treats cache tensors as fixed addresses (as StaticLayer does).
+            torch._dynamo.mark_static_address(layer.keys)
+            torch._dynamo.mark_static_address(layer.values)
+
+    # ------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(
+        self,
+        batch: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """Sample up to ``max_new_tokens`` after each prompt of ``batch`` (token id lists).
+
+        Returns per row the response ids (up to and including the first end token) and their
+        log-probs. The model must be in eval mode (the caller's job, as for ``generate``).
+        """
+        device = next(self.model.parameters()).device
+        n = len(batch)
+        width = max(len(p) for p in batch)
+        total = width + max_new_tokens
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((n, total), dtype=torch.long)
+        for row, p in enumerate(batch):
+            ids[row, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+            mask[row, width - len(p) : width] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask[:, :width].cumsum(dim=1) - 1).clamp(min=0)
+        next_pos = mask[:, :width].sum(dim=1, keepdim=True)  # (B, 1) position of the next token
+        eos = torch.tensor(self.eos_ids, device=device)
+
+        tokens_out = torch.full((n, max_new_tokens), self.pad_id, dtype=torch.long, device=device)
+        logp_out = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
+        rows = torch.arange(n, device=device)  # original row of each live batch row
+        done = torch.zeros(n, dtype=torch.bool, device=device)
+        cache = self._new_cache(total)
+        with autocast():
+            logits = self._forward(
+                ids, mask[:, :width], positions, cache, torch.arange(width, device=device)
+            )
+        cache_position = torch.full((1,), width, dtype=torch.long, device=device)
+        step_fn = self._step(device)
+        for t in range(max_new_tokens):
+            tok, lp = sample_next(logits, temperature, top_p)
+            # A finished row keeps sampling (like generate) but writes padding.
+            tok = torch.where(done, self.pad_id, tok)
+            tokens_out[rows, t] = tok
+            logp_out[rows, t] = torch.where(done, 0.0, lp)
+            done = done | torch.isin(tok, eos)
+            if t + 1 == max_new_tokens:
+                break
+            if (t + 1) % self.check_every == 0:
+                live = int((~done).sum())  # the one sync per `check_every` steps
+                if live == 0:
+                    break
+                if self.compact and live <= len(rows) // 2:
+                    keep = (~done).nonzero().squeeze(1)
+                    self._compact_cache(cache, keep)
+                    rows, done, tok = rows[keep], done[keep], tok[keep]
+                    mask, next_pos = mask[keep], next_pos[keep]
+            mask[:, width + t] = 1
+            with autocast():
+                logits = self._run_step(
+                    step_fn, tok[:, None], mask, next_pos, cache, cache_position
+                )
+            next_pos = next_pos + 1
+            cache_position = cache_position + 1
+
+        # A response runs to its first end token (kept), or to the cap if it has none.
+        ends = torch.isin(tokens_out, eos)
+        first_end = ends.long().argmax(dim=1) + 1
+        lengths = torch.where(
+            ends.any(dim=1), first_end, torch.full_like(first_end, max_new_tokens)
+        )
+        tok_l, lp_l, len_l = tokens_out.tolist(), logp_out.tolist(), lengths.tolist()
+        return (
+            [tok_l[r][: len_l[r]] for r in range(n)],
+            [lp_l[r][: len_l[r]] for r in range(n)],
+        )
+
+    def _run_step(
+        self,
+        step_fn: Callable[..., torch.Tensor],
+        tok: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Any,
+        cache_position: torch.Tensor,
+    ) -> torch.Tensor:
+        if step_fn is self._forward:
+            return self._forward(tok, mask, positions, cache, cache_position)
+        try:
+            # Cloned: a CUDA-graph output is overwritten by the next replay.
+            return step_fn(tok, mask, positions, cache, cache_position).clone()
+        except Exception as err:  # noqa: BLE001 - any compile failure: decode eagerly instead
+            import warnings
+
+            warnings.warn(
+                f"compiling the decode step failed ({type(err).__name__}: {err}); decoding "
+                "eagerly (pass compile=False to skip the attempt)",
+                stacklevel=3,
+            )
+            self._compile_failed = True
+            return self._forward(tok, mask, positions, cache, cache_position)
