@@ -1,0 +1,668 @@
+"""Train on agentgym envs with TRL's ``GRPOTrainer`` (trl >= 1.16), two ways.
+
+**``environment_factory``** (TRL runs the conversation; the env is a set of tools)::
+
+    from trl import GRPOConfig, GRPOTrainer
+    from agentgym.integrations.trl import build_dataset, environment_factory
+
+    factory = environment_factory("AgentGym/Sokoban-v0")
+    trainer = GRPOTrainer(
+        model=...,
+        args=GRPOConfig(num_generations=8, ...),
+        train_dataset=build_dataset("AgentGym/Sokoban-v0", num_tasks=256),
+        environment_factory=factory,
+    )
+
+TRL makes one :class:`AgentGymEnvironment` per rollout, calls ``reset(**row)`` with the dataset
+row, exposes the public method :meth:`AgentGymEnvironment.act` as a tool, and scores the rollout
+with :meth:`AgentGymEnvironment.get_reward` (the column is logged as ``AgentGymEnvironment``).
+TRL itself does not make the rollouts of one GRPO group start from the same state; here every
+row names its task and seed (:func:`build_dataset`), TRL repeats each row ``num_generations``
+times, and ``reset`` starts the env from exactly that task and seed, so all generations of a
+prompt play the same task from the same initial state.
+
+**``rollout_func``** (we run the episodes; TRL trains on the tokens)::
+
+    from agentgym.integrations.trl import GroupRollout, env_return_reward
+
+    trainer = GRPOTrainer(
+        model=...,
+        reward_funcs=env_return_reward,
+        train_dataset=build_dataset("AgentGym/Sokoban-v0", num_tasks=256),
+        rollout_func=GroupRollout("AgentGym/Sokoban-v0", fmt="think_action"),
+    )
+
+:class:`GroupRollout` plays each group of ``num_generations`` prompts as one group of an
+:class:`agentgym.GroupVectorEnv` (same task, same initial state), generating every turn with the
+trainer's model, and returns one multi-turn completion per prompt: the model's turns
+(``env_mask`` 1) interleaved with the env's observations (``env_mask`` 0). Extra fields
+(``env_return``, ``state_keys``, ``turn_spans``...) reach the reward functions, so a GiGPO-style
+estimator can group turns by ``state_key``.
+
+TRL is imported only when an adapter is used; without it, one line says what to install.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import numpy as np
+
+from agentgym.wrappers.group import GroupVectorEnv, Step, Trajectory
+from agentgym.wrappers.llm import ParseActions, parse_action
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from datasets import Dataset
+
+__all__ = [
+    "TASK_COLUMN",
+    "SEED_COLUMN",
+    "SPLIT_COLUMN",
+    "DEFAULT_INSTRUCTION",
+    "build_dataset",
+    "EpisodeRecord",
+    "AgentGymEnvironment",
+    "EnvironmentFactory",
+    "environment_factory",
+    "GroupRollout",
+    "env_return_reward",
+]
+
+INSTALL_HINT = 'pip install "agentgym-envs[trl]"'
+
+#: Dataset columns (and keys of the prompt's last message) naming a row's task, reset seed and split.
+TASK_COLUMN = "task_id"
+SEED_COLUMN = "seed"
+SPLIT_COLUMN = "split"
+
+#: The user message the env's first observation is appended to.
+DEFAULT_INSTRUCTION = (
+    "You are an agent in a text-based environment. Act until the task is solved.\n"
+)
+
+
+def _require_trl() -> None:
+    """Raise one line naming the extra when TRL (or its ``datasets``) is not installed."""
+    try:
+        import datasets  # noqa: F401
+        import trl  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            f"agentgym.integrations.trl needs TRL ({exc.name} is missing): {INSTALL_HINT}"
+        ) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# dataset
+# ----------------------------------------------------------------------------------------------
+def build_dataset(
+    env_id: str,
+    num_tasks: int,
+    *,
+    seed: int = 0,
+    split: str | None = None,
+    instruction: str = DEFAULT_INSTRUCTION,
+    env_kwargs: dict[str, Any] | None = None,
+) -> Dataset:
+    """A TRL prompt dataset with one row per task: ``prompt``, ``task_id``, ``seed`` (and ``split``).
+
+    Row ``i`` is the task the env draws on ``reset(seed=seed + i)`` (within ``split`` when given).
+    ``prompt`` is a one-message conversation ``[{"role": "user", "content": instruction, ...}]``
+    whose message also carries ``task_id`` and ``seed`` (``rollout_func`` only sees prompts);
+    the env's first observation is appended to that message at rollout time.
+
+    Both adapters reset the env from these fields, so every generation of a row plays the same
+    task from the same initial state.
+    """
+    _require_trl()
+    from datasets import Dataset
+
+    if num_tasks < 1:
+        raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
+    env = gym.make(env_id, disable_env_checker=True, **(env_kwargs or {}))
+    options = {"split": split} if split is not None else None
+    rows: dict[str, list[Any]] = {"prompt": [], TASK_COLUMN: [], SEED_COLUMN: []}
+    if split is not None:
+        rows[SPLIT_COLUMN] = []
+    try:
+        for i in range(num_tasks):
+            _, info = env.reset(seed=seed + i, options=options)
+            task_id = str(info["task_id"])
+            message = {"role": "user", "content": instruction, TASK_COLUMN: task_id}
+            message[SEED_COLUMN] = seed + i
+            rows["prompt"].append([message])
+            rows[TASK_COLUMN].append(task_id)
+            rows[SEED_COLUMN].append(seed + i)
+            if split is not None:
+                rows[SPLIT_COLUMN].append(split)
+    finally:
+        env.close()
+    return Dataset.from_dict(rows)
+
+
+def _reset_args(row: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]:
+    """``(seed, options)`` for ``env.reset`` from a dataset row (or a prompt's last message)."""
+    task, seed, split = row.get(TASK_COLUMN), row.get(SEED_COLUMN), row.get(SPLIT_COLUMN)
+    if task is None and seed is None:
+        raise ValueError(
+            f"the dataset row names no task: it needs a {TASK_COLUMN!r} or {SEED_COLUMN!r} column "
+            "so that every generation of a prompt plays the same task; build the dataset with "
+            "agentgym.integrations.trl.build_dataset(env_id, num_tasks)"
+        )
+    options: dict[str, Any] = {}
+    if task is not None:
+        options["task"] = task
+    if split is not None:
+        options["split"] = split
+    return (None if seed is None else int(seed)), (options or None)
+
+
+# ----------------------------------------------------------------------------------------------
+# environment_factory
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class EpisodeRecord:
+    """One finished rollout of an :class:`AgentGymEnvironment`, as scored by ``get_reward``."""
+
+    task_id: str
+    seed: int | None
+    initial_state_key: Hashable
+    trajectory: Trajectory
+    reward: float
+    """what ``get_reward`` returned"""
+
+    @property
+    def actions(self) -> list[str]:
+        return [s.action for s in self.trajectory.steps]
+
+
+class AgentGymEnvironment:
+    """One agentgym env as a TRL ``environment_factory`` environment.
+
+    TRL's contract: ``reset(**row)`` starts an episode and returns text appended to the prompt;
+    every public method other than ``reset`` / ``get_reward`` is a tool the model may call (its
+    type hints and docstring become the tool schema); ``get_reward()`` scores the rollout once
+    it is over. Helpers here are therefore properties or private.
+
+    Args:
+        env_id: a registered agentgym id.
+        env_kwargs: keyword arguments for ``gym.make``.
+        reward: what :meth:`get_reward` returns: ``"return"`` (sum of the env's rewards, default),
+            ``"score"`` (the family's native score, ``info["score"]``) or ``"won"`` (1.0 or 0.0).
+        show_admissible: end each observation with the admissible actions, where the env lists them.
+        episode_log: finished episodes are appended here by :meth:`get_reward` (see
+            :class:`EnvironmentFactory`).
+    """
+
+    def __init__(
+        self,
+        env_id: str,
+        env_kwargs: dict[str, Any] | None = None,
+        *,
+        reward: str = "return",
+        show_admissible: bool = True,
+        episode_log: list[EpisodeRecord] | None = None,
+    ):
+        if reward not in ("return", "score", "won"):
+            raise ValueError(f"reward must be 'return', 'score' or 'won', got {reward!r}")
+        self._env = gym.make(env_id, disable_env_checker=True, **(env_kwargs or {}))
+        self._reward_kind = reward
+        self._show_admissible = show_admissible
+        self._episode_log = episode_log
+        self._trajectory: Trajectory | None = None
+        self._seed: int | None = None
+        self._initial_state_key: Hashable = None
+        self._info: dict[str, Any] = {}
+        self._obs = ""
+
+    def reset(self, **row: Any) -> str:
+        """Start the episode the dataset row names (``task_id`` / ``seed`` / ``split``).
+
+        Returns the first observation (TRL appends it to the prompt's last message).
+        """
+        seed, options = _reset_args(row)
+        obs, info = self._env.reset(seed=seed, options=options)
+        self._seed = seed
+        self._info, self._obs = info, obs
+        self._initial_state_key = info.get("state_key")
+        self._trajectory = Trajectory(group_id=0, traj_id=0, task_id=str(info.get("task_id", "")))
+        return self._describe(obs, info)
+
+    def act(self, action: str) -> str:
+        """Take one action in the environment and see what happens.
+
+        Args:
+            action: The action to take, written as the observation asks (for example one of the
+                admissible actions it lists).
+
+        Returns:
+            The environment's observation after the action.
+        """
+        traj = self._trajectory
+        if traj is None:
+            return "No episode is running."
+        if traj.done:
+            return "The episode is over; no more actions are taken."
+        anchor = self._info.get("state_key")
+        obs, reward, terminated, truncated, info = self._env.step(action)
+        traj.steps.append(
+            Step(
+                observation=self._obs,
+                action=action if isinstance(action, str) else repr(action),
+                reward=float(reward),
+                state_key=anchor,
+                action_valid=bool(info.get("action_valid", True)),
+                info=info,
+            )
+        )
+        self._info, self._obs = info, obs
+        if terminated or truncated:
+            traj.terminated, traj.truncated = bool(terminated), bool(truncated)
+            traj.won = bool(info.get("won", False))
+        return self._describe(obs, info)
+
+    def get_reward(self) -> float:
+        """The finished (or cut) episode's reward; also appends it to the episode log."""
+        traj = self._trajectory
+        if traj is None:
+            raise RuntimeError("get_reward() before reset(): no episode was played")
+        if self._reward_kind == "return":
+            value = traj.total_return
+        elif self._reward_kind == "score":
+            value = float(self._info.get("score", 0.0))
+        else:
+            value = 1.0 if traj.won else 0.0
+        if self._episode_log is not None:
+            self._episode_log.append(
+                EpisodeRecord(traj.task_id, self._seed, self._initial_state_key, traj, value)
+            )
+        return value
+
+    # properties: not functions on the class, so TRL does not turn them into tools
+    @property
+    def trajectory(self) -> Trajectory | None:
+        """The current episode (steps, return, won)."""
+        return self._trajectory
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The env's info from the last reset or action (``admissible_actions``, ``state_key``...)."""
+        return self._info
+
+    @property
+    def initial_state_key(self) -> Hashable:
+        """``state_key`` right after the last reset."""
+        return self._initial_state_key
+
+    def _describe(self, obs: str, info: dict[str, Any]) -> str:
+        text = obs
+        admissible = info.get("admissible_actions")
+        traj = self._trajectory
+        if traj is not None and traj.done:
+            text += "\nThe episode is over" + (": you won." if traj.won else ".")
+        elif self._show_admissible and admissible:
+            text += "\nAdmissible actions: " + ", ".join(admissible)
+        return text
+
+
+@dataclass
+class EnvironmentFactory:
+    """``environment_factory=`` for ``GRPOTrainer``: builds :class:`AgentGymEnvironment` s.
+
+    Every environment it builds appends its scored episodes to :attr:`episodes` (in the order
+    TRL scores them: the order of the generation batch), so a run can be audited afterwards.
+    """
+
+    env_id: str
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    reward: str = "return"
+    show_admissible: bool = True
+    keep_episodes: bool = True
+    """record episodes in :attr:`episodes` (off for long runs that do not need them)"""
+    episodes: list[EpisodeRecord] = field(default_factory=list)
+
+    def __call__(self) -> AgentGymEnvironment:
+        return AgentGymEnvironment(
+            self.env_id,
+            self.env_kwargs,
+            reward=self.reward,
+            show_admissible=self.show_admissible,
+            episode_log=self.episodes if self.keep_episodes else None,
+        )
+
+
+def environment_factory(
+    env_id: str,
+    env_kwargs: dict[str, Any] | None = None,
+    *,
+    reward: str = "return",
+    show_admissible: bool = True,
+    keep_episodes: bool = True,
+) -> EnvironmentFactory:
+    """An ``environment_factory`` for ``GRPOTrainer`` playing ``env_id`` (see the module doc)."""
+    _require_trl()
+    if env_id not in gym.registry:
+        raise ValueError(f"unknown env id {env_id!r}; see agentgym.env_ids()")
+    return EnvironmentFactory(
+        env_id, dict(env_kwargs or {}), reward, show_admissible, keep_episodes
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# rollout_func
+# ----------------------------------------------------------------------------------------------
+def env_return_reward(
+    completions: list[Any], env_return: list[float], **kwargs: Any
+) -> list[float]:
+    """Reward function for :class:`GroupRollout`: each completion's episode return."""
+    return [float(r) for r in env_return]
+
+
+class GroupRollout:
+    """``rollout_func=`` for ``GRPOTrainer``: multi-turn episodes on a :class:`GroupVectorEnv`.
+
+    ``__call__(prompts, trainer)`` receives the process's prompts (each repeated
+    ``num_generations`` times in a row, as TRL's sampler lays them out), plays each run of
+    repeats as one group of envs (the task named by the prompt's last message, see
+    :func:`build_dataset`; every env of a group starts from the same state), and generates every
+    turn with ``trainer``'s model (its generation config; ``max_turn_tokens`` new tokens per
+    turn). The chat is the prompt with the first observation appended to its last message, then
+    one assistant message per action and one user message per observation.
+
+    Returns (lists of length ``len(prompts)``):
+
+    - ``prompt_ids``: the chat-templated first prompt;
+    - ``completion_ids``: model turns and env turns concatenated, at most
+      ``trainer.max_completion_length`` tokens;
+    - ``logprobs``: the sampling log-prob of each model token, 0.0 on env tokens;
+    - ``env_mask``: 1 on model tokens, 0 on env tokens (TRL trains on the 1s only);
+    - extra fields for the reward functions: ``env_return`` (float), ``won`` (bool),
+      ``task_id`` (str), ``initial_state_key``, ``state_keys`` (the anchor ``state_key`` of
+      each turn), ``step_rewards`` (per turn) and ``turn_spans`` (``[start, end)`` of each model
+      turn in ``completion_ids``).
+
+    An episode stops when it ends, after ``max_turns`` turns, or when the token budget leaves
+    no room for another turn; its return counts the turns taken.
+
+    Args:
+        env_id: a registered agentgym id.
+        env_kwargs: keyword arguments for ``gym.make``.
+        fmt: how model text becomes an action (:func:`agentgym.wrappers.llm.parse_action`
+            formats: ``"think_action"``, ``"search_answer"``, ``"plain"``).
+        max_turns: turns per episode at most (default: until the env ends it).
+        max_turn_tokens: new tokens per turn at most.
+        show_admissible: end each observation with the admissible actions.
+        backend, num_workers: :class:`GroupVectorEnv` backend (``"process"`` for heavy envs).
+    """
+
+    def __init__(
+        self,
+        env_id: str,
+        env_kwargs: dict[str, Any] | None = None,
+        *,
+        fmt: str = "think_action",
+        max_turns: int | None = None,
+        max_turn_tokens: int = 256,
+        show_admissible: bool = False,
+        backend: str = "inprocess",
+        num_workers: int | None = None,
+        parse_options: dict[str, Any] | None = None,
+    ):
+        _require_trl()
+        if max_turn_tokens < 1:
+            raise ValueError(f"max_turn_tokens must be >= 1, got {max_turn_tokens}")
+        if max_turns is not None and max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1 or None, got {max_turns}")
+        self.env_id = env_id
+        self.env_kwargs = dict(env_kwargs or {})
+        self.fmt = fmt
+        self.max_turns = max_turns
+        self.max_turn_tokens = max_turn_tokens
+        self.show_admissible = show_admissible
+        self.backend = backend
+        self.num_workers = num_workers
+        self.wrappers = [(ParseActions, {"fmt": fmt, **(parse_options or {})})]
+        if env_id not in gym.registry:
+            raise ValueError(f"unknown env id {env_id!r}; see agentgym.env_ids()")
+        parse_action("", fmt, **(parse_options or {}))  # a bad format or option fails here
+        self._venv: GroupVectorEnv | None = None
+        self._suffix_cache: dict[int, tuple[list[int], list[int]]] = {}
+
+    # -- envs ------------------------------------------------------------------------------------
+    def _group_env(self, num_groups: int, group_size: int) -> GroupVectorEnv:
+        """The vector env for this batch shape, built once and reused while the shape holds."""
+        venv = self._venv
+        if venv is None or (venv.num_groups, venv.group_size) != (num_groups, group_size):
+            if venv is not None:
+                venv.close()
+            self._venv = venv = GroupVectorEnv(
+                self.env_id,
+                num_groups=num_groups,
+                group_size=group_size,
+                backend=self.backend,
+                num_workers=self.num_workers,
+                env_kwargs=self.env_kwargs,
+                wrappers=self.wrappers,
+            )
+        return venv
+
+    def close(self) -> None:
+        """Close the envs (a later call builds them again)."""
+        if self._venv is not None:
+            self._venv.close()
+            self._venv = None
+
+    def _observation_text(self, obs: str, info: dict[str, Any]) -> str:
+        admissible = info.get("admissible_actions")
+        if self.show_admissible and admissible:
+            return f"{obs}\nAdmissible actions: {', '.join(admissible)}"
+        return obs
+
+    # -- tokens ----------------------------------------------------------------------------------
+    @staticmethod
+    def _template(
+        tokenizer: Any, trainer: Any, messages: list[dict[str, Any]], gen: bool
+    ) -> list[int]:
+        ids = tokenizer.apply_chat_template(
+            messages,
+            add_generation_prompt=gen,
+            tokenize=True,
+            return_dict=False,
+            chat_template=getattr(trainer, "chat_template", None),
+            **(getattr(trainer, "chat_template_kwargs", None) or {}),
+        )
+        return list(ids)
+
+    def _user_turn_ids(self, tokenizer: Any, trainer: Any, text: str, eos_id: int) -> list[int]:
+        """Tokens that close an assistant turn and open the next: user ``text``, assistant header.
+
+        Found as the difference between a rendered two-message chat and the same chat plus the
+        user turn (the way TRL finds tool-response tokens), so any chat template works.
+        """
+        key = id(tokenizer)
+        if key not in self._suffix_cache:
+            base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+            prefix = self._template(tokenizer, trainer, base, gen=False)
+            eos_at = [i for i, t in enumerate(prefix) if t == eos_id]
+            self._suffix_cache[key] = (base, prefix[: eos_at[-1] + 1] if eos_at else prefix)
+        base, prefix = self._suffix_cache[key]
+        full = self._template(tokenizer, trainer, [*base, {"role": "user", "content": text}], True)
+        if full[: len(prefix)] != prefix:
+            raise ValueError(
+                "the chat template does not render earlier messages the same way when a message "
+                "follows; multi-turn rollouts need a prefix-preserving template"
+            )
+        return full[len(prefix) :]
+
+    def _generate(
+        self, trainer: Any, tokenizer: Any, contexts: list[list[int]], eos_ids: set[int]
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """One turn for each context: new token ids (up to and including EOS) and their log-probs."""
+        import torch
+        from trl.models import unwrap_model_for_generation
+
+        device = trainer.accelerator.device
+        width = max(len(c) for c in contexts)
+        pad = tokenizer.pad_token_id
+        input_ids = torch.full((len(contexts), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(contexts), width), dtype=torch.long)
+        for row, ids in enumerate(contexts):  # left padding: generation continues at the right
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            attention[row, width - len(ids) :] = 1
+        config = copy.deepcopy(trainer.generation_config)
+        config.max_new_tokens = self.max_turn_tokens
+        with (
+            unwrap_model_for_generation(
+                trainer.model_wrapped,
+                trainer.accelerator,
+                generation_kwargs=getattr(trainer, "generation_kwargs", None),
+            ) as model,
+            torch.no_grad(),
+        ):
+            out = model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention.to(device),
+                generation_config=config,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+        new = out.sequences[:, width:].cpu()
+        # log-probs of the sampled tokens under the processed (temperature, top-p...) distribution
+        scores = torch.stack(out.scores, dim=1).float().cpu()  # (B, T, V)
+        logps = torch.log_softmax(scores, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        ids_out, logps_out = [], []
+        eos = torch.tensor(sorted(eos_ids))
+        for row in range(new.shape[0]):
+            hits = torch.isin(new[row], eos).nonzero()
+            end = int(hits[0]) + 1 if len(hits) else new.shape[1]
+            ids_out.append(new[row, :end].tolist())
+            logps_out.append(logps[row, :end].tolist())
+        return ids_out, logps_out
+
+    # -- the rollout -----------------------------------------------------------------------------
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        if getattr(trainer, "use_vllm", False):
+            raise NotImplementedError(
+                "GroupRollout generates with the trainer's transformers model; run with "
+                "use_vllm=False, or use environment_factory (which TRL runs on vLLM)"
+            )
+        tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+        training = trainer.model.training
+        group_size = trainer.num_generations if training else trainer.num_generations_eval
+        if not prompts or len(prompts) % group_size:
+            raise ValueError(
+                f"got {len(prompts)} prompts, not a multiple of num_generations={group_size}"
+            )
+        rows = [_prompt_task(p) for p in prompts]
+        num_groups = len(prompts) // group_size
+        group_rows = []
+        for g in range(num_groups):
+            members = rows[g * group_size : (g + 1) * group_size]
+            if any(m != members[0] for m in members):
+                raise ValueError(
+                    f"prompts {g * group_size}..{(g + 1) * group_size - 1} should be one prompt "
+                    f"repeated num_generations={group_size} times, got tasks {members}"
+                )
+            group_rows.append(members[0])
+
+        venv = self._group_env(num_groups, group_size)
+        group_options = []
+        for row in group_rows:
+            _, options = _reset_args(row)
+            group_options.append(options or {})
+        first_seed = next(
+            (r.get(SEED_COLUMN) for r in group_rows if r.get(SEED_COLUMN) is not None), 0
+        )
+        obs, infos = venv.reset(seed=int(first_seed), options={"group_options": group_options})
+
+        eos_id = tokenizer.eos_token_id
+        eos_ids = {eos_id} | set(_as_list(getattr(trainer, "eos_token_ids", None)))
+        n = len(prompts)
+        prompt_ids = []
+        for prompt, o, info in zip(prompts, obs, infos, strict=True):
+            messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
+            messages[-1]["content"] += self._observation_text(o, info)
+            prompt_ids.append(self._template(tokenizer, trainer, messages, gen=True))
+        contexts = [list(p) for p in prompt_ids]
+        completion: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        env_mask: list[list[int]] = [[] for _ in range(n)]
+        spans: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        turns_taken = np.zeros(n, dtype=np.int64)
+        budget = int(trainer.max_completion_length)
+        live = venv.active.copy()
+        turn = 0
+        while live.any() and (self.max_turns is None or turn < self.max_turns):
+            idx = np.flatnonzero(live)
+            new_ids, new_logps = self._generate(
+                trainer, tokenizer, [contexts[i] for i in idx], eos_ids
+            )
+            actions: list[str] = [""] * n  # envs not in `idx` are done (ignored) or cut below
+            for i, ids, lps in zip(idx, new_ids, new_logps, strict=True):
+                room = budget - len(completion[i])
+                ids, lps = ids[:room], lps[:room]
+                spans[i].append((len(completion[i]), len(completion[i]) + len(ids)))
+                completion[i] += ids
+                logprobs[i] += lps
+                env_mask[i] += [1] * len(ids)
+                contexts[i] += ids
+                actions[i] = tokenizer.decode(ids, skip_special_tokens=True)
+            obs, _, _, _, infos = venv.step(actions)
+            turns_taken[idx] += 1
+            turn += 1
+            for i in idx:
+                if not venv.active[i]:
+                    live[i] = False
+                    continue
+                suffix = [] if completion[i] and completion[i][-1] in eos_ids else [eos_id]
+                suffix += self._user_turn_ids(
+                    tokenizer, trainer, self._observation_text(obs[i], infos[i]), eos_id
+                )
+                if len(completion[i]) + len(suffix) >= budget:  # no room for another model turn
+                    live[i] = False
+                    continue
+                completion[i] += suffix
+                logprobs[i] += [0.0] * len(suffix)
+                env_mask[i] += [0] * len(suffix)
+                contexts[i] += suffix
+
+        trajs = venv.trajectories()
+        steps = [t.steps[: int(k)] for t, k in zip(trajs, turns_taken, strict=True)]
+        return {
+            "prompt_ids": prompt_ids,
+            "completion_ids": completion,
+            "logprobs": logprobs,
+            "env_mask": env_mask,
+            "env_return": [float(sum(s.reward for s in st)) for st in steps],
+            "won": [
+                bool(t.won) and len(st) == len(t.steps) for t, st in zip(trajs, steps, strict=True)
+            ],
+            "task_id": [t.task_id for t in trajs],
+            "initial_state_key": [st[0].state_key if st else None for st in steps],
+            "state_keys": [[s.state_key for s in st] for st in steps],
+            "step_rewards": [[s.reward for s in st] for st in steps],
+            "turn_spans": [[list(span) for span in sp] for sp in spans],
+        }
+
+
+def _prompt_task(prompt: Any) -> dict[str, Any]:
+    """The task fields (``task_id`` / ``seed`` / ``split``) carried by a prompt's last message."""
+    if not isinstance(prompt, Sequence) or isinstance(prompt, str) or not prompt:
+        raise ValueError(
+            "GroupRollout needs conversational prompts whose last message names the task; "
+            "build the dataset with agentgym.integrations.trl.build_dataset(env_id, num_tasks)"
+        )
+    last = prompt[-1]
+    row = {k: last.get(k) for k in (TASK_COLUMN, SEED_COLUMN, SPLIT_COLUMN)}
+    _reset_args(row)  # a prompt that names no task is refused here, with what to do
+    return row
+
+
+def _as_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple, set)) else [value]
