@@ -213,9 +213,12 @@ def create_app(
     ``max_sessions`` (>= 1) bounds the concurrent sessions; ``session_timeout`` is the idle time
     in seconds after which a session is closed (None: never). ``env_kwargs`` go to ``gym.make``;
     ``llm`` (``make_llm_env`` keyword arguments) serves prompts and takes raw model text (see
-    :class:`~agentgym.integrations.openenv.ServedEnvironment`). The id is checked here: an unknown
-    id raises ``KeyError`` and missing packages :class:`agentgym.envs.MissingExtra`, each naming
-    what to do; the env's own data is checked when :func:`serve` builds a first env.
+    :class:`~agentgym.integrations.openenv.ServedEnvironment`).
+
+    One env is built and reset here, so that a bad id, missing packages or missing data fail now
+    in one message (``KeyError``, :class:`agentgym.envs.MissingExtra`, ``FileNotFoundError``),
+    and so that the family's shared data (catalogues, indexes) is loaded once, before concurrent
+    sessions could race to load it.
     """
     import agentgym
 
@@ -224,6 +227,9 @@ def create_app(
         raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
     if session_timeout is not None and not session_timeout > 0:
         raise ValueError(f"session_timeout must be > 0 seconds or None, got {session_timeout}")
+    probe = ServedEnvironment(env_id, env_kwargs, llm)
+    probe.reset(seed=0)
+    probe.close()
     # a partial of the class (not a lambda): OpenEnv then reads SUPPORTS_CONCURRENT_SESSIONS from
     # the class instead of building a throwaway env to check it
     factory = functools.partial(ServedEnvironment, env_id, env_kwargs, llm)
@@ -277,8 +283,7 @@ def serve(
 ) -> None:
     """Serve ``env_id`` until interrupted (blocking). Binds 127.0.0.1 unless ``host`` says otherwise.
 
-    One env is built and reset first, so a missing data set fails here in one message rather than
-    in the first session, and the family's shared data is loaded before the first client waits.
+    Everything that can fail does so before the port is bound (see :func:`create_app`).
     """
     import uvicorn
 
@@ -289,9 +294,6 @@ def serve(
         max_sessions=max_sessions,
         session_timeout=session_timeout,
     )
-    probe = ServedEnvironment(env_id, env_kwargs, llm)
-    probe.reset(seed=0)
-    probe.close()
     timeout = f"idle timeout {session_timeout:g} s" if session_timeout else "no idle timeout"
     print(
         f"agentgym serve: {env_id} over OpenEnv at ws://{host}:{port}/ws "

@@ -76,7 +76,10 @@ def pick_action(info: dict, rng: np.random.Generator, step: int) -> str:
     if step == 2:
         return "xyzzy !! not an action"
     choices = info.get("admissible_actions") or info.get("suggested_actions") or ["look"]
-    return str(choices[int(rng.integers(len(choices)))])
+    action = str(choices[int(rng.integers(len(choices)))])
+    if action == "search[<your query>]" and info.get("goal"):  # WebShop: search for the goal
+        action = f"search[{' '.join(str(info['goal']).split()[-6:])}]"
+    return action
 
 
 def assert_same(remote: Any, obs: str, info: dict, reward: Any, terminated: bool, truncated: bool):
@@ -145,9 +148,10 @@ def test_reset_options_pick_the_task():
     local = gym.make("AgentGym/Sokoban-v0")
     _, info = local.reset(seed=3, options={"task": 5})
     with running_server("AgentGym/Sokoban-v0") as (url, _), client(url) as remote:
-        result = remote.reset(seed=3, options={"task": 5})
+        result = remote.reset(seed=3, options={"task": 5}, episode_id="episode-a")
         assert result.observation.task_id == info["task_id"]
         assert result.observation.state_key == render_state_key(info["state_key"])
+        assert remote.state().episode_id == "episode-a"
 
 
 def test_state_key_digest_is_equal_exactly_when_keys_are():
@@ -236,6 +240,63 @@ def test_two_sessions_are_isolated():
         before = b.state()
         a.reset(seed=99)
         assert b.state() == before
+
+
+def test_concurrent_sessions_each_match_a_sequential_replay():
+    """Sessions stepping at the same time (one server thread each) equal sequential local runs.
+
+    WebShop's sessions share the catalogue and its search index, so this is where a session
+    leaking into another under real concurrency would show.
+    """
+    import asyncio
+
+    env_id, n_sessions, n_steps = "AgentGym/WebShop-Synthetic-v0", 6, 8
+
+    async def play(url: str, seed: int) -> list[tuple[str, Any]]:
+        rng = np.random.default_rng(seed)
+        async with AgentGymEnvClient(base_url=url, message_timeout_s=60) as env:
+            result = await env.reset(seed=seed)
+            record = [("", result)]
+            for step in range(n_steps):
+                obs = result.observation
+                action = pick_action(
+                    {"admissible_actions": obs.admissible_actions, **obs.info}, rng, step
+                )
+                result = await env.step(action)
+                record.append((action, result))
+                if result.done:
+                    break
+            return record
+
+    async def play_all(url: str) -> list:
+        return await asyncio.gather(*(play(url, seed) for seed in range(n_sessions)))
+
+    with running_server(env_id, max_sessions=n_sessions) as (url, _):
+        records = asyncio.run(play_all(url))
+    local = gym.make(env_id)
+    for seed, record in enumerate(records):
+        obs, info = local.reset(seed=seed)
+        assert_same(record[0][1], obs, info, None, False, False)
+        for action, result in record[1:]:
+            obs, reward, terminated, truncated, info = local.step(action)
+            assert_same(result, obs, info, reward, terminated, truncated)
+
+
+def test_example_rolls_out_groups_over_the_wire(capsys):
+    """examples/openenv_client.py's rollout, against a server on loopback."""
+    import asyncio
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "openenv_client.py"
+    spec = importlib.util.spec_from_file_location("openenv_client_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    with running_server("AgentGym/Sokoban-v0", max_sessions=4) as (url, app):
+        asyncio.run(example.rollout(url, groups=2, group_size=2, seed=0))
+        assert app.state.openenv_server.active_sessions == 0  # every session was closed
+    out = capsys.readouterr().out
+    assert "4 episodes in 2 groups" in out and "steps/s over the wire" in out
 
 
 def test_session_bound_refuses_with_a_clear_error_not_a_hang():
