@@ -91,7 +91,7 @@ class _AgentGymEnvServer(HTTPEnvServer):
                         env = self._sessions.get(sid)
                     if isinstance(env, ServedEnvironment):
                         env.expire(
-                            f"session closed after {timeout:g} s without a message "
+                            f"session closed after {timeout:g} s without a reset or step "
                             "(--session-timeout); open a new connection"
                         )
                     await self._destroy_session(sid)
@@ -104,6 +104,10 @@ class _AgentGymEnvServer(HTTPEnvServer):
 class _WebSocketGuard:
     """ASGI middleware in front of OpenEnv's WebSocket endpoints (``/ws``, ``/mcp``).
 
+    - A connection beyond the session bound is refused here: accepted, sent a
+      ``CAPACITY_REACHED`` error, closed (1013, "try again later") after the client's first
+      frame. OpenEnv refuses too, but closes at once, so a client's first send races the close
+      and it often sees a bare "connection closed" instead of the reason.
     - A frame OpenEnv would die on is answered here with an error, and the session keeps
       serving: OpenEnv's handlers parse each text frame and call ``.get`` on it outside their
       error handling, so JSON that is not an object (``[1, 2]``, ``3``, ``null``) or a binary
