@@ -1,0 +1,836 @@
+"""Train on agentgym envs with verl (>= 0.9): a multi-turn agent loop and a GiGPO estimator.
+
+verl runs multi-turn agents through its *agent loop* (``verl.experimental.agent_loop``): for each
+dataset row it awaits ``AgentLoopBase.run(sampling_params, **row) -> AgentLoopOutput``, which talks
+to verl's LLM servers token in, token out. This module provides
+
+- :data:`AGENT_NAME` (``"agentgym_agent"``), the agent loop :class:`AgentGymAgentLoop`: it plays one
+  agentgym episode turn by turn (env id and seed from the row, prompts rendered by
+  :func:`agentgym.wrappers.make_llm_env` through the tokenizer's chat template) and returns the
+  whole episode as one response whose ``response_mask`` is 1 on the model's tokens and 0 on the
+  env's observations. ``extra_fields`` carry each turn's token span, ``state_key``, reward and
+  validity (keys in :data:`EXTRA_KEYS`); ``reward_score`` is the episode's total reward;
+- :data:`ESTIMATOR_NAME` (``"agentgym_gigpo"``), the advantage estimator
+  :func:`compute_gigpo_advantage` with the signature verl's ``compute_advantage`` calls: it turns
+  the spans and state keys into token-level advantages with the project's one GiGPO
+  implementation (:mod:`agentgym.algorithms.advantage`);
+- :func:`build_dataset`: dataset rows (one per task seed) verl's ``RLHFDataset`` reads;
+- :class:`EpisodeRunner` and :class:`LocalHFServer`: the loop's verl-free core and a
+  Hugging Face stand-in for verl's LLM server, to play and inspect episodes on a CPU.
+
+Wiring it into a verl run (see ``examples/verl_agent_loop.py`` for the full command)::
+
+    actor_rollout_ref.rollout.mode=async
+    actor_rollout_ref.rollout.agent.default_agent_loop=agentgym_agent
+    algorithm.adv_estimator=agentgym_gigpo algorithm.gamma=0.95
+    trainer.use_v1=False
+    +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=agentgym.integrations.verl.setup_verl_worker
+
+verl builds agent loops and computes advantages in Ray worker processes, so registration happens
+there through :func:`setup_verl_worker` (Ray runs it when each worker starts). verl 0.9.1 hands a
+custom estimator only token tensors and the group ``uid``; :func:`patch_compute_advantage` (called
+by the hook) also hands it the batch's ``non_tensor_batch``, where the per-turn fields live. Its
+v1 trainer fetches a fixed list of fields for the advantage step and cannot, hence
+``trainer.use_v1=False``.
+
+verl is imported only when an adapter needs it; without it, one line says what to install.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from uuid import uuid4
+
+import numpy as np
+
+from agentgym.algorithms.advantage import AdvantageConfig, compute_advantage
+from agentgym.wrappers.llm import make_llm_env
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import torch
+
+__all__ = [
+    "AGENT_NAME",
+    "ESTIMATOR_NAME",
+    "EXTRA_KEYS",
+    "INSTALL_HINT",
+    "Episode",
+    "EpisodeRunner",
+    "LocalHFServer",
+    "build_dataset",
+    "compute_gigpo_advantage",
+    "episode_spec",
+    "patch_compute_advantage",
+    "register_verl_estimator",
+    "setup_verl_worker",
+]
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = 'pip install "agentgym-envs[verl]"'
+AGENT_NAME = "agentgym_agent"
+"""the agent loop's name in verl's registry (``rollout.agent.default_agent_loop``)"""
+ESTIMATOR_NAME = "agentgym_gigpo"
+"""the estimator's name in verl's registry (``algorithm.adv_estimator``)"""
+
+#: ``extra_fields`` of every episode (they become columns of verl's ``non_tensor_batch``):
+#: ``turn_spans`` list of (start, end) response-token ranges of the model's turns, end exclusive;
+#: ``state_keys`` the ``state_key`` each turn acted from; ``turn_rewards`` the env reward of each
+#: turn; ``turn_valid`` whether the env accepted each turn's action; ``episode_reward`` their
+#: sum; ``won``, ``task_id``, ``env_id``: the episode's outcome and task.
+EXTRA_KEYS = (
+    "agentgym_turn_spans",
+    "agentgym_state_keys",
+    "agentgym_turn_rewards",
+    "agentgym_turn_valid",
+    "agentgym_episode_reward",
+    "agentgym_won",
+    "agentgym_task_id",
+    "agentgym_env_id",
+)
+_SPANS, _KEYS, _REWARDS, _VALID = EXTRA_KEYS[:4]
+
+
+def _require_verl() -> None:
+    """Raise one line naming the extra when verl (or a module it needs) is not installed."""
+    try:
+        import verl.experimental.agent_loop.agent_loop  # noqa: F401
+        import verl.trainer.ppo.core_algos  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            f"agentgym.integrations.verl needs verl ({exc.name} is missing): {INSTALL_HINT}"
+        ) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# dataset rows
+# ----------------------------------------------------------------------------------------------
+def episode_spec(row: dict[str, Any]) -> dict[str, Any]:
+    """``{"env_id", "seed", "task", "split", "env_kwargs"}`` from a dataset row's fields.
+
+    The fields are read from the row itself or from its ``extra_info`` dict (where verl's
+    ``RLHFDataset`` keeps per-row data). A row must name an ``env_id`` and a ``seed`` or ``task``:
+    verl repeats a row ``rollout.n`` times, and the same seed (or task) is what makes every rollout
+    of the group start from the same task and initial state, which GiGPO's groups rely on.
+    """
+    extra = row.get("extra_info")
+    sources = [row, extra] if isinstance(extra, dict) else [row]
+
+    def pick(key: str) -> Any:
+        return next((s[key] for s in sources if s.get(key) is not None), None)
+
+    env_id, seed, task = pick("env_id"), pick("seed"), pick("task")
+    if env_id is None or (seed is None and task is None):
+        raise ValueError(
+            "the dataset row needs 'env_id' and a 'seed' or 'task' (top level or in "
+            "'extra_info') so every rollout of a group plays the same task; build rows with "
+            "agentgym.integrations.verl.build_dataset(env_id, num_tasks)"
+        )
+    return {
+        "env_id": str(env_id),
+        "seed": None if seed is None else int(seed),
+        "task": task,
+        "split": pick("split"),
+        "env_kwargs": dict(pick("env_kwargs") or {}),
+    }
+
+
+def build_dataset(
+    env_id: str,
+    num_tasks: int,
+    *,
+    first_seed: int = 0,
+    split: str | None = None,
+    history_length: int = 0,
+    env_kwargs: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Dataset rows for verl: one per task seed ``first_seed .. first_seed + num_tasks - 1``.
+
+    Each row has ``prompt`` (the episode's first prompt as a chat, which verl's ``RLHFDataset``
+    needs for its length filter and logs), ``agent_name`` (:data:`AGENT_NAME`), ``data_source``
+    (the env id) and ``extra_info`` (``env_id``, ``seed``, ``split``, ``env_kwargs``), the fields
+    :func:`episode_spec` reads back. Write them with ``pandas.DataFrame(rows).to_parquet(path)``.
+    """
+    env = make_llm_env(env_id, history_length=history_length, env_kwargs=env_kwargs)
+    rows = []
+    try:
+        for seed in range(first_seed, first_seed + num_tasks):
+            options = {"split": split} if split is not None else None
+            prompt, _ = env.reset(seed=seed, options=options)
+            rows.append(
+                {
+                    "data_source": env_id,
+                    "agent_name": AGENT_NAME,
+                    "prompt": [{"role": "user", "content": prompt}],
+                    "extra_info": {
+                        "env_id": env_id,
+                        "seed": seed,
+                        "split": split,
+                        "env_kwargs": dict(env_kwargs or {}),
+                    },
+                }
+            )
+    finally:
+        env.close()
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# the episode runner (verl-free core of the agent loop)
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class Episode:
+    """One played episode as verl trains on it: a prompt and a multi-turn response.
+
+    ``response_ids`` interleave the model's turns (``response_mask`` 1) with the env's replies
+    (0): chat-template tokens that close a turn, the next observation as a user message, and
+    the assistant header. ``turn_spans[t] = (start, end)`` are the response positions of turn t's
+    tokens (end exclusive); ``state_keys[t]`` is the state turn t acted from.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float] | None
+    turn_spans: list[tuple[int, int]]
+    state_keys: list[Hashable]
+    turn_rewards: list[float]
+    turn_valid: list[bool]
+    turn_texts: list[str]
+    won: bool
+    terminated: bool
+    truncated: bool
+    task_id: str
+    env_id: str
+    timing: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def reward(self) -> float:
+        """The episode's total env reward (``reward_score`` for verl)."""
+        return float(sum(self.turn_rewards))
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_spans)
+
+    def extra_fields(self) -> dict[str, Any]:
+        """The :data:`EXTRA_KEYS` fields, as the agent loop puts them in ``extra_fields``."""
+        return dict(
+            zip(
+                EXTRA_KEYS,
+                (
+                    self.turn_spans,
+                    self.state_keys,
+                    self.turn_rewards,
+                    self.turn_valid,
+                    self.reward,
+                    self.won,
+                    self.task_id,
+                    self.env_id,
+                ),
+                strict=True,
+            )
+        )
+
+
+class _EnvPool:
+    """Reusable LLM-wrapped envs per (env id, options), one process-wide pool.
+
+    Making an env loads its family's data once (cached by the family) but still builds wrappers
+    and spaces; a training run plays thousands of episodes, so finished envs are kept and reset.
+    """
+
+    def __init__(self) -> None:
+        self._free: dict[tuple, list[Any]] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(env_id: str, env_kwargs: dict[str, Any], llm_kwargs: dict[str, Any]) -> tuple:
+        return (env_id, repr(sorted(env_kwargs.items())), repr(sorted(llm_kwargs.items())))
+
+    def acquire(self, env_id: str, env_kwargs: dict[str, Any], llm_kwargs: dict[str, Any]) -> Any:
+        with self._lock:
+            free = self._free.get(self._key(env_id, env_kwargs, llm_kwargs))
+            if free:
+                return free.pop()
+        return make_llm_env(env_id, env_kwargs=env_kwargs, **llm_kwargs)
+
+    def release(self, env: Any, env_id: str, env_kwargs: dict, llm_kwargs: dict) -> None:
+        with self._lock:
+            self._free.setdefault(self._key(env_id, env_kwargs, llm_kwargs), []).append(env)
+
+
+_ENV_POOL = _EnvPool()
+
+
+class EpisodeRunner:
+    """Play agentgym episodes against an LLM server, token in, token out.
+
+    ``server`` is anything with verl's ``LLMServerClient.generate`` signature::
+
+        await server.generate(request_id, *, prompt_ids=list[int], sampling_params=dict, ...)
+
+    returning an object with ``token_ids`` (the new tokens) and optionally ``log_probs``. The
+    loop sends the whole context (prompt and response so far) every turn, under one
+    ``request_id`` per episode so verl's router keeps it on one server (prefix caching).
+
+    Each turn's model text is decoded (special tokens dropped) and stepped through
+    :func:`~agentgym.wrappers.make_llm_env`'s parser: text that does not parse is an invalid turn
+    (``turn_valid`` False), never an error. The next observation joins the conversation as a
+    user message, rendered by the env family's prompt template; ``history_length`` defaults to 0
+    because the conversation itself already holds the earlier turns.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer with a chat template (prefix-preserving: rendering a
+            conversation renders its earlier messages the same way).
+        server: the LLM server, see above.
+        prompt_length: most prompt tokens; a longer first prompt is cut from the left.
+        response_length: most response tokens (model turns and observations together); the
+            episode ends truncated when they run out.
+        max_turns: most model turns (None: until the env ends the episode).
+        max_turn_tokens: most tokens of one model turn (None: what is left of the budget).
+        history_length, template, fmt: passed to :func:`~agentgym.wrappers.make_llm_env`.
+        chat_template_kwargs: extra arguments of ``apply_chat_template``.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        server: Any,
+        *,
+        prompt_length: int,
+        response_length: int,
+        max_turns: int | None = None,
+        max_turn_tokens: int | None = None,
+        history_length: int = 0,
+        template: str | None = None,
+        fmt: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if prompt_length <= 0 or response_length <= 0:
+            raise ValueError(
+                f"prompt_length and response_length must be positive, got {prompt_length} "
+                f"and {response_length}"
+            )
+        self.tokenizer = tokenizer
+        self.server = server
+        self.prompt_length = prompt_length
+        self.response_length = response_length
+        self.max_turns = max_turns
+        self.max_turn_tokens = max_turn_tokens
+        self.llm_kwargs = {"history_length": history_length, "template": template, "fmt": fmt}
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.eos_id = tokenizer.eos_token_id
+        # Tokens that close an assistant turn and open a user turn depend only on the template:
+        # find the shared prefix once (load time), then each observation costs one render.
+        self._base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+        prefix = self._template(self._base, generation_prompt=False)
+        eos_at = [i for i, t in enumerate(prefix) if t == self.eos_id]
+        self._prefix = prefix[: eos_at[-1] + 1] if eos_at else prefix
+
+    def _template(self, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(
+            messages,
+            add_generation_prompt=generation_prompt,
+            tokenize=True,
+            return_dict=False,
+            **self.chat_template_kwargs,
+        )
+        return list(ids)
+
+    def observation_ids(self, text: str) -> list[int]:
+        """Tokens that follow a finished assistant turn: ``text`` as a user message, then the
+        assistant header (the difference between two renders of a chat, so any template works)."""
+        full = self._template([*self._base, {"role": "user", "content": text}], True)
+        if full[: len(self._prefix)] != self._prefix:
+            raise ValueError(
+                "the chat template renders earlier messages differently when a message follows; "
+                "multi-turn episodes need a prefix-preserving template"
+            )
+        return full[len(self._prefix) :]
+
+    async def run(
+        self,
+        sampling_params: dict[str, Any],
+        *,
+        env_id: str,
+        seed: int | None = None,
+        task: Any = None,
+        split: str | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+        request_id: str | None = None,
+    ) -> Episode:
+        """Play one episode from ``env.reset(seed, options={"task", "split"})``; see the class."""
+        env_kwargs = dict(env_kwargs or {})
+        options = {k: v for k, v in (("task", task), ("split", split)) if v is not None}
+        loop = asyncio.get_running_loop()
+        env = await loop.run_in_executor(
+            None, _ENV_POOL.acquire, env_id, env_kwargs, self.llm_kwargs
+        )
+        try:
+            return await self._play(
+                env, sampling_params, env_id, seed, options, request_id or uuid4().hex
+            )
+        finally:
+            _ENV_POOL.release(env, env_id, env_kwargs, self.llm_kwargs)
+
+    async def _play(
+        self,
+        env: Any,
+        sampling_params: dict[str, Any],
+        env_id: str,
+        seed: int | None,
+        options: dict[str, Any],
+        request_id: str,
+    ) -> Episode:
+        loop = asyncio.get_running_loop()
+        timing = {"generate_sequences": 0.0, "env_steps": 0.0}
+        tick = time.perf_counter()
+        obs, info = await loop.run_in_executor(
+            None, functools.partial(env.reset, seed=seed, options=options or None)
+        )
+        timing["env_steps"] += time.perf_counter() - tick
+        prompt_ids = self._template([{"role": "user", "content": obs}], generation_prompt=True)
+        if len(prompt_ids) > self.prompt_length:
+            logger.warning(
+                "%s seed %s: first prompt of %d tokens exceeds prompt_length=%d; left-truncating",
+                env_id,
+                seed,
+                len(prompt_ids),
+                self.prompt_length,
+            )
+            prompt_ids = prompt_ids[-self.prompt_length :]
+        response: list[int] = []
+        mask: list[int] = []
+        logprobs: list[float] | None = []
+        spans: list[tuple[int, int]] = []
+        keys: list[Hashable] = []
+        rewards: list[float] = []
+        valid: list[bool] = []
+        texts: list[str] = []
+        terminated = truncated = False
+        task_id = str(info.get("task_id", ""))
+        won = bool(info.get("won", False))
+        while True:
+            left = self.response_length - len(response)
+            if left <= 0 or (self.max_turns is not None and len(spans) >= self.max_turns):
+                truncated = True
+                break
+            params = dict(sampling_params)
+            params["max_tokens"] = min(left, self.max_turn_tokens or left)
+            keys.append(info["state_key"])
+            tick = time.perf_counter()
+            out = await self.server.generate(
+                request_id, prompt_ids=prompt_ids + response, sampling_params=params
+            )
+            timing["generate_sequences"] += time.perf_counter() - tick
+            tokens = list(out.token_ids)[:left]
+            start = len(response)
+            response += tokens
+            mask += [1] * len(tokens)
+            turn_logprobs = getattr(out, "log_probs", None)
+            if logprobs is not None and turn_logprobs is not None:
+                logprobs += list(turn_logprobs)[: len(tokens)]
+            else:
+                logprobs = None  # a turn without log-probs: verl recomputes them all
+            spans.append((start, len(response)))
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            texts.append(text)
+            tick = time.perf_counter()
+            obs, reward, terminated, env_truncated, info = await loop.run_in_executor(
+                None, env.step, text
+            )
+            timing["env_steps"] += time.perf_counter() - tick
+            rewards.append(float(reward))
+            valid.append(bool(info.get("action_valid", True)))
+            won = bool(info.get("won", False))
+            if terminated or env_truncated:
+                truncated = bool(env_truncated)
+                break
+            # The env's reply; a turn cut by the token limit gets its end-of-turn token here.
+            reply = [] if tokens and tokens[-1] == self.eos_id else [self.eos_id]
+            reply = (reply + self.observation_ids(obs))[: self.response_length - len(response)]
+            response += reply
+            mask += [0] * len(reply)
+            if logprobs is not None:
+                logprobs += [0.0] * len(reply)
+        return Episode(
+            prompt_ids=prompt_ids,
+            response_ids=response,
+            response_mask=mask,
+            response_logprobs=logprobs,
+            turn_spans=spans,
+            state_keys=keys,
+            turn_rewards=rewards,
+            turn_valid=valid,
+            turn_texts=texts,
+            won=won,
+            terminated=bool(terminated),
+            truncated=truncated,
+            task_id=task_id,
+            env_id=env_id,
+            timing=timing,
+        )
+
+
+class LocalHFServer:
+    """A stand-in for verl's LLM server that generates with a Hugging Face causal LM in-process.
+
+    Same ``generate`` signature as verl's ``LLMServerClient`` (the subset the agent loop uses),
+    so :class:`EpisodeRunner` and :class:`AgentGymAgentLoop` run unchanged on a CPU: for
+    debugging prompts and masks, tests and small examples. Reads ``max_tokens``,
+    ``temperature`` (0 = greedy) and ``top_p`` from ``sampling_params``; returns an object with
+    ``token_ids`` and ``log_probs`` (of the sampled tokens under the sampling distribution).
+    One generation at a time (a lock), on the event loop's default executor.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, seed: int = 0) -> None:
+        import torch
+
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self._generator = torch.Generator().manual_seed(seed)
+        self._lock = threading.Lock()
+
+    async def generate(
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        **_: Any,
+    ) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self._generate, list(prompt_ids), sampling_params)
+
+    def _generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> Any:
+        from types import SimpleNamespace
+
+        import torch
+
+        max_tokens = int(sampling_params.get("max_tokens", 64))
+        temperature = float(sampling_params.get("temperature", 1.0))
+        top_p = float(sampling_params.get("top_p", 1.0))
+        eos = self.tokenizer.eos_token_id
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        with self._lock, torch.no_grad():
+            ids = torch.tensor([prompt_ids])
+            cache = None
+            for _ in range(max_tokens):
+                out = self.model(input_ids=ids, cache=cache, use_cache=True)
+                cache = out.cache
+                logits = out.logits[0, -1].float()
+                if temperature <= 0:
+                    probs = torch.zeros_like(logits)
+                    probs[logits.argmax()] = 1.0
+                else:
+                    probs = torch.softmax(logits / temperature, dim=-1)
+                    if top_p < 1.0:
+                        sorted_p, order = probs.sort(descending=True)
+                        drop = sorted_p.cumsum(0) - sorted_p > top_p
+                        probs[order[drop]] = 0.0
+                        probs /= probs.sum()
+                token = int(torch.multinomial(probs, 1, generator=self._generator))
+                tokens.append(token)
+                logprobs.append(float(torch.log(probs[token])))
+                if token == eos:
+                    break
+                ids = torch.tensor([[token]])
+        return SimpleNamespace(token_ids=tokens, log_probs=logprobs, stop_reason="completed")
+
+
+# ----------------------------------------------------------------------------------------------
+# the verl agent loop (built on first use: verl is imported only then)
+# ----------------------------------------------------------------------------------------------
+@functools.cache
+def _agent_loop_class() -> type:
+    _require_verl()
+    from verl.experimental.agent_loop.agent_loop import (
+        AgentLoopBase,
+        AgentLoopMetrics,
+        AgentLoopOutput,
+        register,
+    )
+
+    class AgentGymAgentLoop(AgentLoopBase):
+        """verl agent loop that plays one agentgym episode per dataset row (see the module doc).
+
+        Keyword options (set them as keys of the loop's entry in ``agent_loop_config_path``):
+        ``max_turns`` (default: ``rollout.multi_turn.max_assistant_turns``), ``max_turn_tokens``,
+        ``history_length`` (0), ``template`` and ``fmt`` (the env family's defaults).
+        """
+
+        def __init__(
+            self,
+            *args: Any,
+            max_turns: int | None = None,
+            max_turn_tokens: int | None = None,
+            history_length: int = 0,
+            template: str | None = None,
+            fmt: str | None = None,
+            **kwargs: Any,
+        ) -> None:
+            kwargs.pop("name", None)  # the entry's own name in agent_loop_config_path
+            kwargs.pop("tools", None)  # verl's tool list; agentgym envs bring their own actions
+            super().__init__(*args, **kwargs)
+            multi_turn = self.rollout_config.get("multi_turn", None)
+            if max_turns is None and multi_turn is not None:
+                max_turns = multi_turn.get("max_assistant_turns", None)
+            self.runner = EpisodeRunner(
+                self.tokenizer,
+                self.server_manager,
+                prompt_length=self.rollout_config.prompt_length,
+                response_length=self.rollout_config.response_length,
+                max_turns=max_turns,
+                max_turn_tokens=max_turn_tokens,
+                history_length=history_length,
+                template=template,
+                fmt=fmt,
+                chat_template_kwargs=dict(self.apply_chat_template_kwargs or {}),
+            )
+
+        async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
+            episode = await self.runner.run(sampling_params, **episode_spec(kwargs))
+            metrics = AgentLoopMetrics(
+                generate_sequences=episode.timing["generate_sequences"],
+                tool_calls=episode.timing["env_steps"],
+            )
+            return AgentLoopOutput(
+                prompt_ids=episode.prompt_ids,
+                response_ids=episode.response_ids,
+                response_mask=episode.response_mask,
+                response_logprobs=episode.response_logprobs,
+                reward_score=episode.reward,
+                num_turns=2 * episode.num_turns + 1,  # user + assistant turns, as verl counts
+                metrics=metrics,
+                extra_fields=episode.extra_fields(),
+            )
+
+    # verl's registry stores the import path; make it the module attribute hydra resolves.
+    AgentGymAgentLoop.__module__ = __name__
+    AgentGymAgentLoop.__qualname__ = "AgentGymAgentLoop"
+    return register(AGENT_NAME)(AgentGymAgentLoop)
+
+
+def __getattr__(name: str) -> Any:
+    # ``AgentGymAgentLoop`` subclasses verl's AgentLoopBase, so it exists only once verl imports;
+    # hydra's ``_target_: agentgym.integrations.verl.AgentGymAgentLoop`` resolves it here.
+    if name == "AgentGymAgentLoop":
+        return _agent_loop_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# the GiGPO estimator
+# ----------------------------------------------------------------------------------------------
+def _option(config: Any, key: str, default: Any) -> Any:
+    """``config.gigpo[key]`` where verl's algorithm config carries a ``gigpo`` section."""
+    section = None
+    if config is not None:
+        getter = getattr(config, "get", None)
+        section = getter("gigpo", None) if callable(getter) else getattr(config, "gigpo", None)
+    if section is None:
+        return default
+    value = section.get(key, None) if hasattr(section, "get") else getattr(section, key, None)
+    return default if value is None else value
+
+
+def compute_gigpo_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray | Sequence[Any] | None = None,
+    config: Any = None,
+    non_tensor_batch: dict[str, np.ndarray] | None = None,
+    gamma: float | None = None,
+    norm_adv_by_std_in_grpo: bool | None = None,
+    estimator: str = "gigpo",
+    **_: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GiGPO token-level advantages for episodes played by :class:`AgentGymAgentLoop`.
+
+    Every model turn of every episode is one row of :func:`agentgym.algorithms.compute_advantage`
+    (group = the row's ``uid``, trajectory = the batch row, step = the turn, reward = the turn's
+    env reward, anchor state = its ``state_key``, invalid = not ``turn_valid``); each turn's
+    advantage ``A_episode + omega * A_step`` (Eq. 8) then goes to every token of its span.
+
+    Args:
+        token_level_rewards: (bs, response_length); only its shape, dtype and device are used:
+            the per-turn rewards come from ``non_tensor_batch``.
+        response_mask: (bs, response_length), 1 on model tokens.
+        index: (bs,) group ids (verl's ``uid``: the rollouts of one dataset row).
+        config: verl's algorithm config; reads ``gamma`` and ``norm_adv_by_std_in_grpo`` when not
+            given, and ``gigpo.{omega, invalid_penalty, episode_stats_over}`` when present.
+        non_tensor_batch: the batch's per-row fields, holding :data:`EXTRA_KEYS`.
+        gamma: discount of step returns (Eq. 5); default ``config.gamma``, else 0.95.
+        norm_adv_by_std_in_grpo: ``mean_std_norm`` when true (verl's default), else ``mean_norm``.
+        estimator: ``"gigpo"``, or ``"grpo"`` for the episode advantage alone.
+
+    Returns:
+        ``(advantages, returns)``: float32 (bs, response_length) on ``response_mask``'s device,
+        zero outside model tokens; ``returns`` holds each turn's discounted return.
+
+    Raises:
+        ValueError: ``non_tensor_batch`` lacks the agentgym fields (with how to provide them),
+            or they do not match the batch.
+    """
+    import torch
+
+    if non_tensor_batch is None or _SPANS not in non_tensor_batch:
+        raise ValueError(
+            f"the {ESTIMATOR_NAME} estimator needs the per-turn fields of agentgym episodes "
+            f"({', '.join(EXTRA_KEYS[:4])}) from non_tensor_batch: roll out with the "
+            f"'{AGENT_NAME}' agent loop and call agentgym.integrations.verl."
+            "patch_compute_advantage() in the trainer process (setup_verl_worker does; verl's "
+            "v1 trainer does not pass these fields, set trainer.use_v1=False)"
+        )
+    if index is None:
+        index = non_tensor_batch.get("uid")
+    bs, length = response_mask.shape
+    spans_per_row = non_tensor_batch[_SPANS]
+    if index is None or len(index) != bs or len(spans_per_row) != bs:
+        raise ValueError(
+            f"index (uid) and {_SPANS} must have one entry per batch row ({bs}); "
+            f"got {None if index is None else len(index)} and {len(spans_per_row)}"
+        )
+    if gamma is None:
+        gamma = float(_option_attr(config, "gamma", 0.95))
+    if norm_adv_by_std_in_grpo is None:
+        norm_adv_by_std_in_grpo = bool(_option_attr(config, "norm_adv_by_std_in_grpo", True))
+    defaults = AdvantageConfig()
+
+    # Flat turn rows, row-major (C-level chains; no Python loop over turns).
+    turns = np.fromiter(map(len, spans_per_row), np.int64, count=bs)
+    n = int(turns.sum())
+    row_of_turn = np.repeat(np.arange(bs), turns)
+    step_ids = np.arange(n) - np.repeat(np.cumsum(turns) - turns, turns)
+    spans = np.fromiter(
+        itertools.chain.from_iterable(itertools.chain.from_iterable(spans_per_row)),
+        np.int64,
+        count=2 * n,
+    ).reshape(n, 2)
+    rewards = np.fromiter(
+        itertools.chain.from_iterable(non_tensor_batch[_REWARDS]), np.float64, count=n
+    )
+    valid = np.fromiter(itertools.chain.from_iterable(non_tensor_batch[_VALID]), np.bool_, count=n)
+    keys = list(itertools.chain.from_iterable(non_tensor_batch[_KEYS]))
+    if len(keys) != n:
+        raise ValueError(f"{_KEYS} holds {len(keys)} keys for {n} turns; one per turn is needed")
+    _, group_of_row = np.unique(np.asarray(index, dtype=object).astype(str), return_inverse=True)
+    result = compute_advantage(
+        estimator,
+        group_ids=group_of_row.reshape(-1)[row_of_turn],
+        traj_ids=row_of_turn,
+        step_ids=step_ids,
+        rewards=rewards,
+        state_keys=keys,
+        invalid=~valid,
+        gamma=gamma,
+        omega=float(_option(config, "omega", defaults.omega)),
+        norm="mean_std_norm" if norm_adv_by_std_in_grpo else "mean_norm",
+        invalid_penalty=float(_option(config, "invalid_penalty", defaults.invalid_penalty)),
+        episode_stats_over=_option(config, "episode_stats_over", defaults.episode_stats_over),
+    )
+
+    # Broadcast turn values to their spans: mark turn k+1 at its start and -(k+1) at its end in
+    # a (bs, length + 1) integer array; the row-wise cumsum is then k+1 inside span k, 0 outside.
+    starts = np.clip(spans[:, 0], 0, length)
+    ends = np.clip(spans[:, 1], starts, length)
+    marks = np.zeros((bs, length + 1), dtype=np.int64)
+    code = np.arange(1, n + 1)
+    np.add.at(marks, (row_of_turn, starts), code)
+    np.add.at(marks, (row_of_turn, ends), -code)
+    turn_at = torch.from_numpy(np.cumsum(marks[:, :length], axis=1))
+    mask = response_mask.to(torch.float32).cpu()
+    adv = torch.from_numpy(np.concatenate([[0.0], result.advantages]).astype(np.float32))
+    ret = torch.from_numpy(np.concatenate([[0.0], result.returns]).astype(np.float32))
+    device = response_mask.device
+    return (adv[turn_at] * mask).to(device), (ret[turn_at] * mask).to(device)
+
+
+def _option_attr(config: Any, key: str, default: Any) -> Any:
+    if config is None:
+        return default
+    getter = getattr(config, "get", None)
+    value = getter(key, None) if callable(getter) else getattr(config, key, None)
+    return default if value is None else value
+
+
+def register_verl_estimator() -> Callable[..., Any]:
+    """Register :func:`compute_gigpo_advantage` in verl as :data:`ESTIMATOR_NAME` (idempotent)."""
+    _require_verl()
+    from verl.trainer.ppo import core_algos
+
+    return core_algos.register_adv_est(ESTIMATOR_NAME)(compute_gigpo_advantage)
+
+
+def patch_compute_advantage() -> None:
+    """Let verl's ``compute_advantage`` give :data:`ESTIMATOR_NAME` the whole batch.
+
+    verl 0.9.1 calls a registered estimator with token tensors and ``uid`` only (it passes
+    ``non_tensor_batch`` to its own ``gdpo`` alone). This wraps ``compute_advantage`` in verl's
+    trainer modules: batches for :data:`ESTIMATOR_NAME` are computed here with their
+    ``non_tensor_batch``; every other estimator goes to verl's function unchanged. Idempotent.
+    """
+    _require_verl()
+    import verl.trainer.ppo.ray_trainer as ray_trainer
+
+    modules = [ray_trainer]
+    try:
+        import verl.trainer.ppo.v1.utils as v1_utils
+
+        modules.append(v1_utils)
+    except ImportError:  # pragma: no cover - releases without the v1 trainer
+        pass
+    for module in modules:
+        original = module.compute_advantage
+        if getattr(original, "_agentgym_patched", False):
+            continue
+        module.compute_advantage = _wrap_compute_advantage(original)
+
+
+def _wrap_compute_advantage(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def compute_advantage(data: Any, adv_estimator: Any, *args: Any, **kwargs: Any) -> Any:
+        name = getattr(adv_estimator, "value", adv_estimator)
+        if name != ESTIMATOR_NAME:
+            return original(data, adv_estimator, *args, **kwargs)
+        from verl.trainer.ppo.ray_trainer import compute_response_mask
+
+        # verl's positional order after adv_estimator (ray_trainer.compute_advantage).
+        names = ("gamma", "lam", "num_repeat", "norm_adv_by_std_in_grpo", "config")
+        bound = dict(zip(names, args, strict=False))
+        bound.update(kwargs)
+        if "response_mask" not in data.batch.keys():
+            data.batch["response_mask"] = compute_response_mask(data)
+        advantages, returns = compute_gigpo_advantage(
+            token_level_rewards=data.batch["token_level_rewards"],
+            response_mask=data.batch["response_mask"],
+            index=data.non_tensor_batch.get("uid"),
+            config=bound.get("config"),
+            non_tensor_batch=data.non_tensor_batch,
+            gamma=bound.get("gamma"),
+            norm_adv_by_std_in_grpo=bound.get("norm_adv_by_std_in_grpo"),
+        )
+        data.batch["advantages"] = advantages
+        data.batch["returns"] = returns
+        return data
+
+    compute_advantage._agentgym_patched = True  # type: ignore[attr-defined]
+    return compute_advantage
+
+
+def setup_verl_worker() -> None:
+    """Ray ``worker_process_setup_hook``: register the agent loop and the estimator, and patch
+    ``compute_advantage``, in every verl worker process (agent-loop workers and the trainer)."""
+    _agent_loop_class()
+    register_verl_estimator()
+    patch_compute_advantage()
