@@ -12,4 +12,7 @@ naming the extra to install.
   ID``, :mod:`~agentgym.integrations.openenv_server`) for OpenEnv clients such as
   :class:`~agentgym.integrations.openenv.AgentGymEnvClient`. Extra: ``pip install
   "agentgym-envs[openenv]"``.
+- :mod:`agentgym.integrations.verl`: verl's agent loop (``agentgym_agent``, multi-turn episodes
+  with env tokens masked out) and a GiGPO advantage estimator (``agentgym_gigpo``). Extra:
+  ``pip install "agentgym-envs[verl]"``.
 """
