@@ -180,11 +180,15 @@ def warm_up_format(
         optimizer.step()
 
 
-def main(
+def build(
     argv: list[str] | None = None, callbacks: list[Any] | None = None
 ) -> tuple[Any, EnvironmentFactory]:
-    """Train; returns the trainer and the environment factory (whose ``episodes`` log every
-    scored rollout in order). ``callbacks`` are ``transformers.TrainerCallback`` s to add."""
+    """The trainer and its environment factory (whose ``episodes`` log every scored rollout, in
+    order), from command-line arguments; ``callbacks`` are ``transformers.TrainerCallback`` s.
+
+    With the tiny model, torch runs on one thread from here on: its ops are too small to split,
+    and extra threads only wait on each other.
+    """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="AgentGym/Corridor-v0")
     parser.add_argument("--model", default="tiny", help="'tiny' (offline) or a model path/name")
@@ -198,23 +202,13 @@ def main(
     parser.add_argument("--output-dir", default="runs/trl_environment_factory")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    tiny = args.model == "tiny"
-    threads = torch.get_num_threads()
-    if tiny:  # a tiny model's ops are too small to split: extra threads only wait on each other
-        torch.set_num_threads(1)
-    try:
-        return _train(args, tiny, callbacks)
-    finally:
-        torch.set_num_threads(threads)
 
-
-def _train(
-    args: argparse.Namespace, tiny: bool, callbacks: list[Any] | None
-) -> tuple[Any, EnvironmentFactory]:
     from trl import GRPOConfig, GRPOTrainer
 
+    tiny = args.model == "tiny"
     env_kwargs = TINY_ENV_KWARGS if tiny and args.env == "AgentGym/Corridor-v0" else {}
     if tiny:
+        torch.set_num_threads(1)
         model, tokenizer = tiny_tool_model(args.env, env_kwargs, seed=args.seed)
     else:
         from transformers import AutoTokenizer
@@ -237,7 +231,6 @@ def _train(
         seed=args.seed,
         use_cpu=not torch.cuda.is_available(),
         bf16=False,
-        disable_tqdm=False,
     )
     trainer = GRPOTrainer(
         model=model,
@@ -247,15 +240,18 @@ def _train(
         environment_factory=factory,
         callbacks=callbacks,
     )
+    return trainer, factory
+
+
+def main(argv: list[str] | None = None) -> None:
+    trainer, factory = build(argv)
     trainer.train()
     rewards = [e.reward for e in factory.episodes]
-    if rewards:
-        k = max(1, len(rewards) // 4)
-        print(
-            f"episodes: {len(rewards)}; mean reward of the first {k}: "
-            f"{sum(rewards[:k]) / k:.2f}, of the last {k}: {sum(rewards[-k:]) / k:.2f}"
-        )
-    return trainer, factory
+    k = max(1, len(rewards) // 4)
+    print(
+        f"episodes: {len(rewards)}; mean reward of the first {k}: "
+        f"{sum(rewards[:k]) / k:.2f}, of the last {k}: {sum(rewards[-k:]) / k:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -515,6 +515,7 @@ class GroupRollout:
             attention[row, width - len(ids) :] = 1
         config = copy.deepcopy(trainer.generation_config)
         config.max_new_tokens = self.max_turn_tokens
+        config.output_scores = config.return_dict_in_generate = True
         with (
             unwrap_model_for_generation(
                 trainer.model_wrapped,
@@ -527,8 +528,6 @@ class GroupRollout:
                 input_ids=input_ids.to(device),
                 attention_mask=attention.to(device),
                 generation_config=config,
-                output_scores=True,
-                return_dict_in_generate=True,
             )
         new = out.sequences[:, width:].cpu()
         # log-probs of the sampled tokens under the processed (temperature, top-p...) distribution
@@ -553,22 +552,8 @@ class GroupRollout:
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         training = trainer.model.training
         group_size = trainer.num_generations if training else trainer.num_generations_eval
-        if not prompts or len(prompts) % group_size:
-            raise ValueError(
-                f"got {len(prompts)} prompts, not a multiple of num_generations={group_size}"
-            )
-        rows = [_prompt_task(p) for p in prompts]
-        num_groups = len(prompts) // group_size
-        group_rows = []
-        for g in range(num_groups):
-            members = rows[g * group_size : (g + 1) * group_size]
-            if any(m != members[0] for m in members):
-                raise ValueError(
-                    f"prompts {g * group_size}..{(g + 1) * group_size - 1} should be one prompt "
-                    f"repeated num_generations={group_size} times, got tasks {members}"
-                )
-            group_rows.append(members[0])
-
+        group_rows = _group_tasks(prompts, group_size)
+        num_groups = len(group_rows)
         venv = self._group_env(num_groups, group_size)
         group_options = []
         for row in group_rows:
@@ -660,6 +645,25 @@ def _prompt_task(prompt: Any) -> dict[str, Any]:
     row = {k: last.get(k) for k in (TASK_COLUMN, SEED_COLUMN, SPLIT_COLUMN)}
     _reset_args(row)  # a prompt that names no task is refused here, with what to do
     return row
+
+
+def _group_tasks(prompts: list[Any], group_size: int) -> list[dict[str, Any]]:
+    """The task of each run of ``group_size`` prompts (TRL repeats a prompt once per generation)."""
+    if not prompts or len(prompts) % group_size:
+        raise ValueError(
+            f"got {len(prompts)} prompts, not a multiple of num_generations={group_size}"
+        )
+    rows = [_prompt_task(p) for p in prompts]
+    groups = []
+    for start in range(0, len(rows), group_size):
+        members = rows[start : start + group_size]
+        if any(m != members[0] for m in members):
+            raise ValueError(
+                f"prompts {start}..{start + group_size - 1} should be one prompt repeated "
+                f"num_generations={group_size} times, got tasks {members}"
+            )
+        groups.append(members[0])
+    return groups
 
 
 def _as_list(value: Any) -> list[int]:
