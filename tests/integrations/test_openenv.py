@@ -21,6 +21,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 pytest.importorskip("openenv", reason="openenv-core not installed")
 
@@ -402,6 +403,53 @@ def test_malformed_websocket_messages_get_errors_and_the_session_keeps_serving()
             with pytest.raises(RuntimeError, match="VALIDATION_ERROR"):
                 generic.step({"text": ["up"]})
             assert generic.reset(seed=4).observation["text"] == local.reset(seed=4)[0]
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_frames = st.one_of(
+    _json_values.map(json.dumps),
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["reset", "step", "state", "mcp", "bogus"]), "data": _json_values}
+    ).map(json.dumps),
+    st.fixed_dictionaries(
+        {"type": st.just("step"), "data": st.fixed_dictionaries({"text": st.text(max_size=30)})}
+    ).map(json.dumps),
+    st.text(max_size=30),
+    st.binary(max_size=30),
+)
+
+
+def test_any_frame_gets_exactly_one_answer_and_the_session_survives():
+    """Fuzz: whatever a client sends (except close), one answer comes back; the session lives."""
+    from hypothesis import HealthCheck, given, settings
+
+    with running_server("AgentGym/Sokoban-v0") as (url, _):
+        with ws_connect(url.replace("http", "ws") + "/ws", open_timeout=10) as ws:
+
+            @settings(
+                max_examples=150,
+                deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture],
+            )
+            @given(frame=_frames)
+            def one_frame(frame: str | bytes) -> None:
+                ws.send(frame)
+                answer = json.loads(ws.recv(timeout=10))
+                assert answer["type"] in {"observation", "state", "error", "mcp"}, answer
+
+            one_frame()
+            ws.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+            answer = json.loads(ws.recv(timeout=10))
+            assert (
+                answer["data"]["observation"]["text"]
+                == gym.make("AgentGym/Sokoban-v0").reset(seed=0)[0]
+            )
 
 
 def test_http_endpoints_answer_bad_requests_with_4xx():
