@@ -17,15 +17,28 @@ bad actions):
   ``str`` action. An action the env cannot use returns a clear observation,
   ``info["action_valid"] = False`` and leaves the state unchanged.
 - ``state_key() -> Hashable``: the canonical state.
+
+and, for :meth:`TextEnv.snapshot` / :meth:`TextEnv.restore` (every registered family provides
+them; the registry-wide tests check it), three more:
+
+- ``_snapshot_identity() -> Hashable``: what an env must share with another for a snapshot of
+  one to restore into the other (id-defining kwargs, a digest of the data); computed once.
+- ``_snapshot_state() -> Any``: an immutable, picklable value of everything ``step`` reads
+  and changes, sharing what never changes.
+- ``_restore_state(state)``: put that value back (validating first, so a refused restore
+  changes nothing).
 """
 
 from __future__ import annotations
 
+import pickle
 import string
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Any, ClassVar, SupportsFloat
 
 import gymnasium as gym
+import numpy as np
 from gymnasium import spaces
 
 __all__ = [
@@ -36,6 +49,8 @@ __all__ = [
     "TextEnv",
     "InvalidAction",
     "ResetOptionError",
+    "EnvSnapshot",
+    "SnapshotMismatch",
     "coerce_action",
     "describe_action",
 ]
@@ -96,6 +111,53 @@ class ResetOptionError(ValueError):
     options that are not a dict. The message says what is accepted. (A ``ValueError``, so code
     that caught the old mix of ValueError subclasses keeps working.)
     """
+
+
+class SnapshotMismatch(ValueError):
+    """``restore(snapshot)`` was given a snapshot of another env class, variant or data.
+
+    Raised before anything changes: the env keeps its state. The message names both sides.
+    """
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EnvSnapshot:
+    """The whole simulator state of a :class:`TextEnv` at one moment: immutable and picklable.
+
+    Made by :meth:`TextEnv.snapshot`, put back by :meth:`TextEnv.restore` into any env of the
+    same class, variant and data (in this process or, pickled, in another). Only what a step can
+    change is copied; what never changes (a room's layout, a game's static facts, a catalogue,
+    a retriever) is shared by reference in-process and found again by name after pickling.
+    """
+
+    env_class: str
+    """``module.Class`` of the env it was taken from"""
+    identity: Hashable
+    """the env's :meth:`TextEnv.snapshot_identity`; :meth:`TextEnv.restore` refuses another"""
+    state: Any
+    """the family's part (``_snapshot_state``): immutable values of what a step reads and changes"""
+    state_key: Hashable
+    """``info["state_key"]`` of the state it holds"""
+    elapsed_steps: int
+    """steps taken since the last reset"""
+    done: tuple[bool, bool] | None
+    """``(terminated, truncated)`` once the episode has ended, else None"""
+    last_obs: str
+    """the last observation returned"""
+    frozen: bytes
+    """the last info dict and the random stream's state, pickled: a deep copy nobody can alias
+    (each restore unpickles its own)"""
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """A fresh copy of the last info dict returned before the snapshot."""
+        return pickle.loads(self.frozen)[0]
+
+    def __repr__(self) -> str:
+        name = self.env_class.rsplit(".", 1)[-1]
+        key = repr(self.state_key)
+        key = key if len(key) <= 80 else key[:77] + "..."
+        return f"EnvSnapshot({name}, step {self.elapsed_steps}, done={self.done}, state_key={key})"
 
 
 def coerce_action(action: Any) -> str | None:
@@ -172,6 +234,25 @@ class TextEnv(gym.Env[str, str]):
     - ``won``: bool, ``score``: float (the family's native score).
 
     Families may add keys of their own (``synthetic``, ``goal``, ``task_type``...).
+
+    **Snapshot / restore.** ``snapshot()`` returns an :class:`EnvSnapshot`: an immutable,
+    picklable copy of the whole simulator state after the last reset or step (the world, the
+    step count, the done flags, the last observation and info, the random stream
+    ``np_random`` that the next ``reset()`` draws from, and whatever else ``step`` reads).
+    ``restore(snapshot)`` puts this env into exactly that state, provided it has the same class,
+    the same id-defining arguments and the same data (:meth:`snapshot_identity`); otherwise it
+    raises :class:`SnapshotMismatch` and changes nothing. From then on the env behaves exactly as
+    the original did after the snapshot: the same actions give the same observations, rewards,
+    ``terminated`` / ``truncated`` flags and infos (state keys included), whether the snapshot
+    is restored into the env it came from after it moved on, into a fresh env, or into an env
+    of another process after pickling. Snapshots share what never changes and copy only what a
+    step can change, so both calls cost microseconds; each family's docstring says what its
+    snapshot holds. Restoring acts on the unwrapped env: gymnasium's ``OrderEnforcing``
+    wrapper (what ``gym.make`` adds) still wants one ``reset()`` before its first ``step``, so
+    step ``env.unwrapped`` or reset the wrapped env once before restoring into it.
+    Two snapshots with equal ``state_key`` behave the same from then on (same rewards, flags,
+    state keys and admissible actions for the same actions) except for the step cap, which
+    counts steps since reset.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
@@ -214,6 +295,7 @@ class TextEnv(gym.Env[str, str]):
         self._done: tuple[bool, bool] | None = None  # (terminated, truncated) once finished
         self._last_obs = ""
         self._last_info: dict[str, Any] = {}
+        self._snapshot_id: Hashable | None = None  # snapshot_identity(), computed once
 
     # -- hooks for subclasses --------------------------------------------------------------
     def _reset_task(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -225,6 +307,116 @@ class TextEnv(gym.Env[str, str]):
     def state_key(self) -> Hashable:
         """The canonical, hashable state of the simulator now (see the class docstring)."""
         raise NotImplementedError
+
+    def _snapshot_identity(self) -> Hashable:
+        """What two envs must share for a snapshot of one to restore into the other: the
+        arguments that change the task or the dynamics, and a digest of the data (not paths
+        alone where the data could differ). Plain values (str, int, tuples), equal across
+        processes: never ``id()`` or ``hash()`` of a str. Called once per env."""
+        raise NotImplementedError(self._no_snapshot_message())
+
+    def _snapshot_state(self) -> Any:
+        """An immutable, picklable value holding everything ``step`` reads and changes; shares
+        what never changes by reference (pickling must send or re-find it)."""
+        raise NotImplementedError(self._no_snapshot_message())
+
+    def _restore_state(self, state: Any) -> None:
+        """Put a ``_snapshot_state()`` value back. Validate first (raise
+        :class:`SnapshotMismatch` if the data differs), then assign: a refused restore changes
+        nothing. The value may be restored many times: copy what this env will mutate."""
+        raise NotImplementedError(self._no_snapshot_message())
+
+    def _no_snapshot_message(self) -> str:
+        return (
+            f"{type(self).__name__} does not support snapshot()/restore(): implement its "
+            "_snapshot_identity(), _snapshot_state() and _restore_state() hooks (see "
+            "agentgym.core.TextEnv)"
+        )
+
+    # -- snapshot / restore ----------------------------------------------------------------
+    def snapshot_identity(self) -> Hashable:
+        """``(module.Class, max_episode_steps, the family's identity)``: what a snapshot must
+        match to be restored here (see :meth:`restore`)."""
+        if self._snapshot_id is None:
+            self._snapshot_id = (
+                f"{type(self).__module__}.{type(self).__qualname__}",
+                self.max_episode_steps,
+                self._snapshot_identity(),
+            )
+        return self._snapshot_id
+
+    def snapshot(self) -> EnvSnapshot:
+        """The whole simulator state now, as an immutable, picklable :class:`EnvSnapshot`.
+
+        See the class docstring for the contract. Raises RuntimeError before the first
+        ``reset()`` (there is no state yet) and NotImplementedError for an env class that does
+        not implement the snapshot hooks.
+        """
+        identity = self.snapshot_identity()
+        if not self._last_info:
+            raise RuntimeError(f"{type(self).__name__}: call reset() before snapshot()")
+        rng = self._np_random
+        frozen = pickle.dumps(
+            (
+                self._last_info,
+                None if rng is None else rng.bit_generator.state,
+                self._np_random_seed,
+            ),
+            protocol=pickle.HIGHEST_PROTOCOL,
+        )
+        return EnvSnapshot(
+            identity[0],
+            identity,
+            self._snapshot_state(),
+            self.state_key(),
+            self._elapsed_steps,
+            self._done,
+            self._last_obs,
+            frozen,
+        )
+
+    def restore(self, snapshot: EnvSnapshot) -> None:
+        """Put this env into the state ``snapshot`` holds (see the class docstring).
+
+        Raises TypeError if ``snapshot`` is not an :class:`EnvSnapshot`, and
+        :class:`SnapshotMismatch` if it was taken from an env of another class, variant
+        (id-defining arguments, step cap) or data; the env is then unchanged.
+        """
+        if not isinstance(snapshot, EnvSnapshot):
+            raise TypeError(
+                f"restore() takes an EnvSnapshot from env.unwrapped.snapshot(), got "
+                f"{type(snapshot).__name__}"
+            )
+        identity = self.snapshot_identity()
+        if snapshot.identity != identity:
+            if snapshot.env_class != identity[0]:
+                why = f"it was taken from a {snapshot.env_class}"
+            else:
+                why = (
+                    f"it was taken from an env made with other arguments or data "
+                    f"(its identity {snapshot.identity!r:.300}; this env's {identity!r:.300})"
+                )
+            raise SnapshotMismatch(
+                f"cannot restore this snapshot into {type(self).__name__}: {why}; restore it "
+                "into an env made with the same id, arguments and data"
+            )
+        info, rng_state, rng_seed = pickle.loads(snapshot.frozen)
+        self._restore_state(snapshot.state)
+        self._elapsed_steps = snapshot.elapsed_steps
+        self._done = snapshot.done
+        self._last_obs = snapshot.last_obs
+        self._last_info = info
+        if rng_state is None:
+            self._np_random = None
+        else:
+            if self._np_random is None or (
+                type(self._np_random.bit_generator).__name__ != rng_state["bit_generator"]
+            ):
+                # a placeholder seed: the state set below replaces it entirely
+                bit_generator = getattr(np.random, rng_state["bit_generator"])(0)
+                self._np_random = np.random.Generator(bit_generator)
+            self._np_random.bit_generator.state = rng_state
+        self._np_random_seed = rng_seed
 
     # -- the gymnasium API -----------------------------------------------------------------
     def reset(

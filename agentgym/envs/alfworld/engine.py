@@ -39,14 +39,14 @@ import sys
 import threading
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentgym.envs.alfworld.grammar import (
     parse_grammar_document,
     parse_symbols,
 )
 
-__all__ = ["Game", "World", "load_game", "demangle_names", "clear_game_cache"]
+__all__ = ["Game", "World", "FrozenWorld", "load_game", "demangle_names", "clear_game_cache"]
 
 _NOTHING_HAPPENS = "Nothing happens."
 _NOOP = object()  # marks a ground action Fast Downward's translator drops
@@ -578,6 +578,29 @@ class _Op:
         self.key = key
 
 
+class _ProcessLocal:
+    """Caches valid in this process only: kept by reference, pickled as empty (the next
+    process recomputes them on first use)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any = None):
+        self.value = value
+
+    def __reduce__(self):
+        return _ProcessLocal, ()
+
+
+class FrozenWorld(NamedTuple):
+    """An immutable copy of a :class:`World`'s mutable state (:meth:`World.freeze`)."""
+
+    facts: tuple[tuple[str, frozenset], ...]
+    negated: tuple[tuple[str, frozenset], ...]
+    derived: _ProcessLocal
+    """(game, fact indexes, operators, commands, state key) of that state, reused by a thaw in
+    this process into a world of the same game"""
+
+
 class World:
     """The state of one game being played: the true fluent facts plus TextWorld's ``not_`` facts.
 
@@ -610,6 +633,38 @@ class World:
         self.negated = {p: set(s) for p, s in negated.items()}
         self._index.clear()
         self._ops = self._commands = self._key = None
+
+    def freeze(self) -> FrozenWorld:
+        """An immutable copy of the facts (a few hundred small tuples, shared with this world:
+        they are immutable), with this state's derived caches shared too: the world replaces
+        its caches when the facts change and never edits them in place, except the index dict,
+        which is copied."""
+        derived = (
+            self.game,
+            tuple(self._index.items()),
+            self._ops,
+            None if self._commands is None else tuple(self._commands),
+            self._key,
+        )
+        return FrozenWorld(
+            tuple((p, frozenset(s)) for p, s in self.facts.items()),
+            tuple((p, frozenset(s)) for p, s in self.negated.items()),
+            _ProcessLocal(derived),
+        )
+
+    def thaw(self, frozen: FrozenWorld) -> None:
+        """Put a :meth:`freeze` copy back (any number of times). The derived caches come back
+        too when the copy was frozen in this process from a world of the same game object."""
+        self.facts = {p: set(s) for p, s in frozen.facts}
+        self.negated = {p: set(s) for p, s in frozen.negated}
+        derived = frozen.derived.value
+        if derived is not None and derived[0] is self.game:
+            _, index, self._ops, commands, self._key = derived
+            self._index = dict(index)
+            self._commands = None if commands is None else list(commands)
+        else:
+            self._index = {}
+            self._ops = self._commands = self._key = None
 
     # -- fact access --------------------------------------------------------------------------
     def _lookup(self, pred: str, positions: tuple[int, ...], key: tuple) -> list:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
-from agentgym.core import ResetOptionError, TextEnv
+from agentgym.core import ResetOptionError, SnapshotMismatch, TextEnv
 from agentgym.envs.alfworld.data import (
     SPLITS,
     DataNotFoundError,
@@ -17,7 +17,7 @@ from agentgym.envs.alfworld.data import (
     resolve_data_root,
     task_type_of,
 )
-from agentgym.envs.alfworld.engine import Game, World, load_game
+from agentgym.envs.alfworld.engine import FrozenWorld, Game, World, load_game
 
 __all__ = ["ALFWorldEnv", "success_by_task_type"]
 
@@ -27,6 +27,18 @@ _NO_DATA = (
     "data_root=..., or use the built-in synthetic games: "
     "gym.make('AgentGym/ALFWorld-Synthetic-v0')"
 )
+
+
+class _ALFWorldState(NamedTuple):
+    """What an ALFWorld step reads and changes (see ``ALFWorldEnv``'s snapshot paragraph)."""
+
+    split: str
+    task_id: str
+    game_path: str
+    game_digest: bytes  # the game's PDDL-problem digest: a restore refuses another game file
+    world: FrozenWorld
+    won: bool
+    expert_plan: tuple[str, ...]
 
 
 class ALFWorldEnv(TextEnv):
@@ -79,6 +91,17 @@ class ALFWorldEnv(TextEnv):
     reads are left out (ALFWorld's ``checked``, set by look / examine / open), and so is
     TextWorld's memory of atoms made false (which only the "Next to it, you see" line reads):
     the same world can come with a different text. :meth:`describe_state` lists the facts.
+
+    **Snapshot** (:meth:`~agentgym.core.TextEnv.snapshot`): the split, the game (by file and a
+    digest of its PDDL problem; the parsed :class:`~.engine.Game` with its static facts, texts
+    and compiled actions is shared by every env of the process and never copied), the true
+    fluent facts and TextWorld's memory of facts made false (frozensets of small tuples),
+    ``won`` and the planner's remaining plan. In-process, the admissible actions and fact
+    indexes computed for that state come along, so the first step after a restore costs what
+    any step costs; a pickled snapshot leaves them behind. Identity: the data folder, the task
+    types, ``reward_scale``, ``expert``, ``synthetic`` and the step cap; a restore also checks
+    the game's digest. Two states with equal ``state_key`` step alike (rewards, flags, state
+    keys, admissible commands) but, as above, their text may differ.
     """
 
     family: ClassVar[str] = "alfworld"
@@ -211,6 +234,51 @@ class ALFWorldEnv(TextEnv):
         if self._world is None:
             raise RuntimeError("call reset() before state_key()")
         return self._world.state_key()
+
+    # -- snapshot / restore --------------------------------------------------------------------
+    def _snapshot_identity(self) -> Hashable:
+        return (
+            str(self.data_root),
+            tuple(self.task_types),
+            self.reward_scale,
+            self.expert,
+            self.synthetic,
+        )
+
+    def _snapshot_state(self) -> _ALFWorldState:
+        game, world = self._game, self._world
+        return _ALFWorldState(
+            self.split,
+            self._task_id,
+            game.path,
+            game.key_prefix,
+            world.freeze(),
+            self._won,
+            tuple(self._expert_plan),
+        )
+
+    def _restore_state(self, state: _ALFWorldState) -> None:
+        game = self._game
+        if game is None or game.path != state.game_path:
+            try:
+                game = load_game(state.game_path)
+            except OSError as exc:
+                raise SnapshotMismatch(
+                    f"the snapshot's game {state.game_path} cannot be read here ({exc}); restore "
+                    "it where the same ALFWorld data is"
+                ) from exc
+        if game.key_prefix != state.game_digest:
+            raise SnapshotMismatch(
+                f"the game file {state.game_path} differs from the one the snapshot was taken on"
+            )
+        games = self._games if state.split == self.split else self._load_split(state.split)
+        world = self._world if self._world is not None and self._world.game is game else None
+        world = world if world is not None else World(game)
+        world.thaw(state.world)
+        self.split, self._games = state.split, games
+        self._task_id, self._game, self._world = state.task_id, game, world
+        self._won = state.won
+        self._expert_plan = list(state.expert_plan)
 
     def describe_state(self) -> list[str]:
         """The facts behind :meth:`state_key`, readable (``"holds(agent1, apple 1)"``), sorted."""

@@ -53,6 +53,10 @@ class CorridorEnv(TextEnv):
     stands in that room's dead end; all wrong doors of a room lead to the same dead end.
 
     Info also has ``task_type`` (``"corridor"``), ``room`` and ``layout``.
+
+    **Snapshot** (:meth:`~agentgym.core.TextEnv.snapshot`): the split, layout, its right doors
+    (an immutable tuple, shared), the room and the dead-end flag. Identity: every constructor
+    argument that changes the task or its text.
     """
 
     family: ClassVar[str] = "corridor"
@@ -154,6 +158,24 @@ class CorridorEnv(TextEnv):
 
     def state_key(self) -> Hashable:
         return (self._layout_id, self._split, self._room, self._dead_end)
+
+    # -- snapshot / restore --------------------------------------------------------------------
+    def _snapshot_identity(self) -> Hashable:
+        return (
+            self.length,
+            self.num_doors,
+            self.hint,
+            self.goal_reward,
+            self.step_cost,
+            self.num_layouts,
+            self.list_doors,
+        )
+
+    def _snapshot_state(self) -> tuple:
+        return (self._split, self._layout_id, self._right, self._room, self._dead_end)
+
+    def _restore_state(self, state: tuple) -> None:
+        self._split, self._layout_id, self._right, self._room, self._dead_end = state
 
     # -- text and info -----------------------------------------------------------------------
     def _room_text(self, prefix: str = "") -> str:

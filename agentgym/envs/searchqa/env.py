@@ -8,11 +8,11 @@ import re
 import threading
 from collections.abc import Hashable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from gymnasium import spaces
 
-from agentgym.core import MAX_OBS_CHARS, TextEnv, describe_action
+from agentgym.core import MAX_OBS_CHARS, SnapshotMismatch, TextEnv, describe_action
 from agentgym.envs.searchqa.data import DATA_ENV, RETRIEVER_ENV, QADataset, load_questions
 from agentgym.envs.searchqa.qa import exact_match, f1, normalize_answer
 from agentgym.envs.searchqa.synthetic import SPLITS, knowledge_base
@@ -167,6 +167,21 @@ def _search_mentions(question: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
+class _SearchQAState(NamedTuple):
+    """What a SearchQA step reads and changes (see ``SearchQAEnv``'s snapshot paragraph)."""
+
+    split: str | None
+    row: int
+    question_id: str  # checked on restore: the same row must hold the same question
+    retrieved: frozenset[str]
+    titles: tuple[str, ...]
+    answer: str | None
+    answer_norm: str | None
+    em: float
+    f1: float
+    mentions: tuple[str, ...]
+
+
 class SearchQAEnv(TextEnv):
     """Answer a question by searching a corpus: Search-R1's multi-turn setting as a text env.
 
@@ -223,6 +238,15 @@ class SearchQAEnv(TextEnv):
 
     Tasks: ``reset(seed=s)`` draws a question with ``self.np_random``; ``options={"task": i}``
     picks row i of the split, ``options={"task": question_id}`` a question by id.
+
+    **Snapshot** (:meth:`~agentgym.core.TextEnv.snapshot`): the split, the question's row and
+    id, the passage ids retrieved so far (a frozenset, shared), the answer candidates' titles,
+    the answer and its scores. The questions and the retriever are shared by every env of the
+    process and never copied; a restore never searches. Identity: ``synthetic`` and
+    ``kb_seed``, the question file and the retriever (path or URL, or the retriever object's
+    class), ``topk``, ``reward_scale`` and ``max_turns``; a restore also checks that the row
+    holds the same question id. Two states with equal ``state_key`` step alike; only the order
+    of ``suggested_actions`` (titles in retrieval order) may differ.
     """
 
     family: ClassVar[str] = "searchqa"
@@ -390,6 +414,45 @@ class SearchQAEnv(TextEnv):
     def state_key(self) -> Hashable:
         """``(question id, frozenset of retrieved passage ids, normalised answer or None)``."""
         return (self._dataset.ids[self._row], self._retrieved, self._answer_norm)
+
+    # -- snapshot / restore ---------------------------------------------------------------------
+    def _snapshot_identity(self) -> Hashable:
+        if self._retriever_source is not None:
+            retriever = self._retriever_source
+        elif self._retriever_obj is not None:
+            kind = type(self._retriever_obj)
+            retriever = f"{kind.__module__}.{kind.__qualname__}"
+        else:
+            retriever = None  # the synthetic knowledge base's own index, fixed by kb_seed
+        data = None if self.data is None else os.path.abspath(self.data)
+        return (self.synthetic, self.kb_seed, data, retriever, self.topk, self.reward_scale)
+
+    def _snapshot_state(self) -> _SearchQAState:
+        return _SearchQAState(
+            self.split,
+            self._row,
+            self._dataset.ids[self._row],
+            self._retrieved,
+            self._titles,
+            self._answer,
+            self._answer_norm,
+            self._em,
+            self._f1,
+            tuple(self._mentions),
+        )
+
+    def _restore_state(self, state: _SearchQAState) -> None:
+        dataset = self._dataset if state.split == self.split else self._load(state.split)
+        if not 0 <= state.row < len(dataset) or dataset.ids[state.row] != state.question_id:
+            raise SnapshotMismatch(
+                f"row {state.row} of {dataset.path} does not hold question {state.question_id!r}: "
+                "the snapshot was taken on other questions"
+            )
+        self.split, self._dataset, self._row = state.split, dataset, state.row
+        self._retrieved, self._titles = state.retrieved, state.titles
+        self._answer, self._answer_norm = state.answer, state.answer_norm
+        self._em, self._f1 = state.em, state.f1
+        self._mentions = list(state.mentions)
 
     # -- helpers ------------------------------------------------------------------------------
     def suggested_actions(self) -> list[str]:

@@ -6,7 +6,7 @@ import hashlib
 import os
 from collections.abc import Hashable
 from functools import lru_cache
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -150,6 +150,19 @@ def check_room(room: Room) -> None:
         raise ValueError("the player and the boxes must stand on distinct floor or target cells")
 
 
+class _SokobanState(NamedTuple):
+    """What a Sokoban step reads and changes (see ``SokobanEnv``'s snapshot paragraph)."""
+
+    room: Room  # shared: immutable (read-only arrays, tuples)
+    room_id: int
+    task_id: str
+    player: int
+    boxes: tuple[int, ...]
+    box_mask: bytes  # one byte per cell, 1 where a box stands
+    on_target: int
+    cells: tuple[str, ...]  # the observation's cells, so a restore need not redraw the grid
+
+
 @lru_cache(maxsize=4096)
 def _generated_room(h: int, w: int, num_boxes: int, num_gen_steps: int | None, seed: int) -> Room:
     # Memoised: the envs of a rollout group reset to the same seed, so one generation serves
@@ -195,6 +208,12 @@ class SokobanEnv(TextEnv):
 
     **Info** also has ``action_effective`` (the player moved) and ``boxes_on_target``.
     ``score`` is the fraction of boxes on targets.
+
+    **Snapshot** (:meth:`~agentgym.core.TextEnv.snapshot`): the player and box cells, the box
+    mask and the observation's cells (copied: a few hundred bytes), with the :class:`Room`
+    shared by reference (its layout never changes). A restore into an env on another room
+    redoes the room's precomputation once. Identity: ``dim_room``, ``num_boxes``,
+    ``num_gen_steps``, the room cache's fingerprint, ``text_format`` and the step cap.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
@@ -400,6 +419,40 @@ class SokobanEnv(TextEnv):
 
     def state_key(self) -> Hashable:
         return (self._room_id, self._player, *self._boxes)
+
+    # -- snapshot / restore --------------------------------------------------------------------
+    def _snapshot_identity(self) -> Hashable:
+        return (
+            self.dim_room,
+            self.num_boxes,
+            self.num_gen_steps,
+            self._cache_tag,
+            self.text_format,
+        )
+
+    def _snapshot_state(self) -> _SokobanState:
+        return _SokobanState(
+            self.room,
+            self._room_id,
+            self.task_id,
+            self._player,
+            tuple(self._boxes),
+            bytes(self._box),
+            self._on_target,
+            tuple(self._cells),
+        )
+
+    def _restore_state(self, state: _SokobanState) -> None:
+        if state.room_id != self._room_id or state.task_id != self.task_id:
+            room = state.room
+            if room.fixed.flags.writeable:  # unpickled: keep the layout read-only as ever
+                room.fixed.flags.writeable = False
+            self._set_room(room, state.task_id)
+        self._player = state.player
+        self._boxes = list(state.boxes)
+        self._box = bytearray(state.box_mask)
+        self._on_target = state.on_target
+        self._cells = list(state.cells)
 
     # -- text, info, render ------------------------------------------------------------------
     def _grid(self) -> str:

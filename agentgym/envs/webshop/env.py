@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Hashable
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import numpy as np
 from gymnasium import spaces
 
-from agentgym.core import MAX_OBS_CHARS, TEXT_CHARSET, ResetOptionError, TextEnv, describe_action
+from agentgym.core import (
+    MAX_OBS_CHARS,
+    TEXT_CHARSET,
+    ResetOptionError,
+    SnapshotMismatch,
+    TextEnv,
+    describe_action,
+)
 from agentgym.envs.webshop import pages
 from agentgym.envs.webshop.data import DEFAULT_SEED, SPLITS, Catalogue, load_catalogue
 from agentgym.envs.webshop.nouns import NounExtractor, default_noun_extractor
@@ -51,6 +58,21 @@ def _copy_goal(goal: dict[str, Any]) -> dict[str, Any]:
     options = goal["goal_options"]
     out["goal_options"] = dict(options) if isinstance(options, dict) else list(options)
     return out
+
+
+class _WebShopState(NamedTuple):
+    """What a WebShop step reads and changes (see ``WebShopEnv``'s snapshot paragraph)."""
+
+    goal_index: int
+    kind: str
+    query: str | None
+    page: int | None
+    asin: str | None
+    options: tuple[tuple[str, str], ...]  # in click order, as the done page lists them
+    sub: str | None
+    results: np.ndarray  # read-only rows of the search, shared with the search memo
+    score: float
+    reward_info: tuple[tuple[str, Any], ...] | None
 
 
 class WebShopEnv(TextEnv):
@@ -100,6 +122,15 @@ class WebShopEnv(TextEnv):
     (:func:`.search.product_search`) and the goals are loaded once per process and shared by
     every env there; an env holds references and its own page state only. Pickling an env
     sends its arguments and state, not the catalogue.
+
+    **Snapshot** (:meth:`~agentgym.core.TextEnv.snapshot`): the session's page state (goal
+    index, page kind, query, result page, asin, selected options, sub-page), the read-only
+    result rows of the last search (shared, at most 50 ints: a restore never searches again),
+    and the purchase's score and reward details; the catalogue, index and goals are shared and
+    never copied. Identity: the catalogue's fingerprint (a digest of the products and what the
+    index reads) and number of goals, and every argument that changes the pages, the search or
+    the reward (``search_backend``, ``split``, ``reward_mode``, ``success_reward``,
+    ``show_attrs``, ``search_anywhere``, the noun extractor's class, the step cap).
 
     Args:
         data_dir: WebShop's data folder (default ``$WEBSHOP_DATA``); see :mod:`.data`.
@@ -265,6 +296,53 @@ class WebShopEnv(TextEnv):
             options,
             self._sub,
         )
+
+    # -- snapshot / restore --------------------------------------------------------------------
+    def _snapshot_identity(self) -> Hashable:
+        catalogue = self.catalogue
+        return (
+            catalogue.fingerprint,
+            len(catalogue.goals),
+            catalogue.goal_kind,
+            self._load_args["seed"],
+            self.search_backend,
+            self.split,
+            self.reward_mode,
+            self.success_reward,
+            self.show_attrs,
+            self.search_anywhere,
+            type(self.noun_extractor).__qualname__,
+        )
+
+    def _snapshot_state(self) -> _WebShopState:
+        reward_info = self._reward_info
+        return _WebShopState(
+            self._goal_index,
+            self._kind,
+            self._query,
+            self._page,
+            self._asin,
+            tuple(self._options.items()),
+            self._sub,
+            self._results,
+            self._score,
+            None if reward_info is None else tuple(reward_info.items()),
+        )
+
+    def _restore_state(self, state: _WebShopState) -> None:
+        if not 0 <= state.goal_index < len(self.catalogue.goals):
+            raise SnapshotMismatch(f"goal {state.goal_index} is not in {self.catalogue.source}")
+        results = state.results
+        if results.flags.writeable:  # unpickled (or the empty start page): keep rows read-only
+            results.flags.writeable = False
+        self._goal_index = state.goal_index
+        self._goal = self.catalogue.goals[state.goal_index]
+        self._kind, self._query, self._page = state.kind, state.query, state.page
+        self._asin, self._sub = state.asin, state.sub
+        self._options = dict(state.options)
+        self._results = results
+        self._score = state.score
+        self._reward_info = None if state.reward_info is None else dict(state.reward_info)
 
     def _to_search_page(self) -> None:
         self._kind, self._query, self._page, self._asin, self._sub = SEARCH, None, None, None, None
