@@ -36,6 +36,8 @@ DEFAULT_OUT_DIR = "runs/gigpo"
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 GENERATION_BACKENDS = ("hf", "vllm")
+HF_GENERATION = ("static", "generate")
+UPDATE_BATCHING = ("auto", "tokens", "packed", "rows")
 ENV_BACKENDS = ("inprocess", "process")
 EPISODE_STATS = ("trajectories", "steps")
 
@@ -96,6 +98,12 @@ class Config:
     """prompt length cap; longer prompts keep their tail"""
     generation_batch_size: int = 128
     """prompts per ``generate`` call (HF backend)"""
+    hf_generation: str = "static"
+    """HF backend decoding: ``static`` (static KV cache, on-device sampling, finished rows
+    dropped as they end, a CUDA-graph decode step on GPU; ``trainers/gigpo/generation.py``) or
+    ``generate`` (transformers' ``generate``, the reference it is tested against)"""
+    compile_decode: bool | None = None
+    """compile the static decoder's step (CUDA graphs); None: on CUDA only"""
     vllm_gpu_memory_utilization: float = 0.4
     """share of GPU memory vLLM may take (the trainer needs the rest)"""
 
@@ -134,7 +142,18 @@ class Config:
     mini_batch_size: int = 256
     """rows per optimizer step (verl's ``ppo_mini_batch_size``)"""
     micro_batch_size: int = 16
-    """rows per forward/backward; gradients accumulate over a mini-batch"""
+    """rows per forward/backward; gradients accumulate over a mini-batch (with
+    ``update_batching`` ``tokens`` or ``packed``: the most rows in one)"""
+    micro_batch_tokens: int | None = None
+    """token budget per forward/backward (rows x longest row); None: sized from the model's
+    shape and the GPU's memory (``trainers.gigpo.packing.auto_token_budget``), 4x larger for
+    the no-gradient old and reference forwards"""
+    update_batching: str = "auto"
+    """how the update groups rows: ``tokens`` (length-sorted micro-batches under
+    ``micro_batch_tokens``), ``packed`` (the same groups, each packed into one sequence with no
+    padding at all: for flash-attention models), ``rows`` (``micro_batch_size`` rows in
+    shuffled order, with padding), ``auto`` (``packed`` where the model's attention is
+    flash-attention, else ``tokens``)"""
     clip_ratio: float = 0.2
     """PPO clip range epsilon"""
     kl_coef: float = 0.01
@@ -232,6 +251,11 @@ class Config:
         choose("norm", _NORMS)
         choose("dtype", DTYPES)
         choose("generation_backend", GENERATION_BACKENDS)
+        choose("hf_generation", HF_GENERATION)
+        choose("update_batching", UPDATE_BATCHING)
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise ConfigError(f"{flag('micro_batch_tokens')} must be at least 1 (or None: "
+                              f"sized from the model), got {self.micro_batch_tokens}")  # fmt: skip
         choose("env_backend", ENV_BACKENDS)
         choose("episode_stats_over", EPISODE_STATS)
         from agentgym.wrappers.llm import FORMATS, PROMPT_TEMPLATES

@@ -69,6 +69,13 @@ from trainers.gigpo.loss import (
     ppo_clip_loss,
     token_logprobs,
 )
+from trainers.gigpo.packing import (
+    INFERENCE_FACTOR,
+    auto_token_budget,
+    micro_batches,
+    packed_response_forward,
+    supports_varlen,
+)
 from trainers.gigpo.policy import HFPolicy, VLLMPolicy
 from trainers.gigpo.rollout import RolloutBatch, collect, make_group_env
 
@@ -247,25 +254,61 @@ def batched_logprobs(
     device: torch.device,
     autocast: Any,
     temperature: float = 1.0,
+    token_budget: int | None = None,
+    packed: bool = False,
 ) -> list[torch.Tensor]:
-    """Per-row response log-probs (a 1-D tensor per row) under ``model``, without gradients."""
+    """Per-row response log-probs (a 1-D tensor per row) under ``model``, without gradients.
+
+    Rows go ``micro`` at a time in ``rows`` order, or with ``token_budget`` in length-sorted
+    micro-batches under it (``packed``: each packed into one sequence, no padding).
+    """
     out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
     model.eval()
-    for start in range(0, len(rows), micro):
-        idx = rows[start : start + micro]
+    if token_budget is None:
+        groups = [rows[start : start + micro] for start in range(0, len(rows), micro)]
+    else:
+        groups = [rows[g] for g in micro_batches(row_lengths(batch, rows), token_budget)]
+    for idx in groups:
         with autocast():
-            lp, mask, _ = response_forward(
+            lp, mask, _ = rows_forward(
                 model,
                 [batch.prompt_ids[i] for i in idx],
                 [batch.response_ids[i] for i in idx],
                 pad_id,
                 device,
                 temperature=temperature,
+                packed=packed,
             )
         for b, i in enumerate(idx):
             out[i] = lp[b, mask[b] > 0].float().cpu()
     model.train()
     return out
+
+
+def rows_forward(
+    model: Any,
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    pad_id: int,
+    device: torch.device,
+    with_entropy: bool | str = False,
+    temperature: float = 1.0,
+    packed: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`response_forward`, or with ``packed`` its padding-free equivalent
+    (``trainers.gigpo.packing.packed_response_forward``; same layout, same values)."""
+    if packed:
+        return packed_response_forward(model, prompts, responses, device, with_entropy, temperature)
+    return response_forward(model, prompts, responses, pad_id, device, with_entropy, temperature)
+
+
+def row_lengths(batch: RolloutBatch, rows: np.ndarray) -> np.ndarray:
+    """(len(rows),) prompt + response tokens of each of ``rows``."""
+    return np.fromiter(
+        (len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in rows),
+        dtype=np.int64,
+        count=len(rows),
+    )
 
 
 def pad_right_aligned(rows: list[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:
@@ -348,8 +391,20 @@ class MetricLogger:
 
 
 def rng_state() -> dict[str, Any]:
-    """The torch and numpy global RNG states (what a checkpoint restores)."""
-    return {"torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state()}
+    """The torch (CPU and, where present, CUDA) and numpy global RNG states (what a checkpoint
+    restores).
+
+    On CUDA a resumed run draws the uninterrupted run's samples only with the CUDA generators
+    restored too (sampling runs on the device). Even then it is not bit-identical on every
+    GPU: some CUDA kernels (atomic-add reductions in embedding and index backward passes,
+    cuBLAS split-K choices) are nondeterministic unless ``torch.use_deterministic_algorithms``
+    and ``CUBLAS_WORKSPACE_CONFIG`` are set, so weights after an update can differ in the last
+    bits and the difference grows from there.
+    """
+    state = {"torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def save_checkpoint(
@@ -612,6 +667,29 @@ def train(config: Config) -> list[dict[str, Any]]:
     if config.kl_coef > 0 and not config.lora_rank:
         reference = copy.deepcopy(model).eval().requires_grad_(False)
     trainable = [p for p in model.parameters() if p.requires_grad]
+    # Update batching: token budgets sized from the model (and the card) unless given.
+    batching = config.update_batching
+    if batching == "auto":
+        batching = "packed" if supports_varlen(model) else "tokens"
+    packed = batching == "packed"
+    card = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    if batching == "rows":
+        train_budget = infer_budget = None
+    elif config.micro_batch_tokens is not None:
+        train_budget = config.micro_batch_tokens
+        infer_budget = INFERENCE_FACTOR * config.micro_batch_tokens
+    else:
+        train_budget = auto_token_budget(model.config, device_memory=card)
+        infer_budget = auto_token_budget(model.config, inference=True, device_memory=card)
+
+    def micro_groups(batch: RolloutBatch, mini: np.ndarray) -> list[np.ndarray]:
+        """A mini-batch's rows as micro-batches (the loss weighs each by its token share)."""
+        if train_budget is None:
+            step = config.micro_batch_size
+            return [mini[i : i + step] for i in range(0, len(mini), step)]
+        parts = micro_batches(row_lengths(batch, mini), train_budget, config.micro_batch_size)
+        return [mini[p] for p in parts]
+
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
 
     if config.generation_backend == "vllm":
@@ -638,6 +716,8 @@ def train(config: Config) -> list[dict[str, Any]]:
             max_prompt_tokens=config.max_prompt_tokens,
             batch_size=config.generation_batch_size,
             autocast=autocast,
+            fast=config.hf_generation == "static",
+            compile=config.compile_decode,
         )
     else:
         raise ValueError(
@@ -675,6 +755,10 @@ def train(config: Config) -> list[dict[str, Any]]:
         start, history = state["iteration"], list(state["history"])
         torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])
+        if state.get("cuda_rng") is not None and torch.cuda.is_available():
+            # Saved from as many devices as that run saw; restore those that exist here.
+            for index, cuda_state in enumerate(state["cuda_rng"][: torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(cuda_state, index)
     if config.overwrite and not resuming_in_place:  # only now: a failed load keeps the old run
         checkpoint.remove_run(out_dir)
     logger = MetricLogger(
@@ -803,34 +887,23 @@ def train(config: Config) -> list[dict[str, Any]]:
             old: list[torch.Tensor] | None = None
             if not single_step:
                 old = batched_logprobs(
-                    model, batch, all_rows, config.micro_batch_size, pad_id, device, autocast, temp
-                )
+                    model, batch, all_rows, config.micro_batch_size, pad_id, device, autocast,
+                    temp, infer_budget, packed,
+                )  # fmt: skip
             diffs: list[float] = []
             ref: list[torch.Tensor] | None = None
             if config.kl_coef > 0:
                 if reference is not None:
                     ref = batched_logprobs(
-                        reference,
-                        batch,
-                        all_rows,
-                        config.micro_batch_size,
-                        pad_id,
-                        device,
-                        autocast,
-                        temp,
-                    )
+                        reference, batch, all_rows, config.micro_batch_size, pad_id, device,
+                        autocast, temp, infer_budget, packed,
+                    )  # fmt: skip
                 else:  # LoRA: the base model is the adapter switched off
                     with model.disable_adapter():
                         ref = batched_logprobs(
-                            model,
-                            batch,
-                            all_rows,
-                            config.micro_batch_size,
-                            pad_id,
-                            device,
-                            autocast,
-                            temp,
-                        )
+                            model, batch, all_rows, config.micro_batch_size, pad_id, device,
+                            autocast, temp, infer_budget, packed,
+                        )  # fmt: skip
             sums: dict[str, float] = defaultdict(float)
             steps = 0
             gen = np.random.default_rng(config.seed * 7919 + it)
@@ -844,10 +917,9 @@ def train(config: Config) -> list[dict[str, Any]]:
                     mini = perm[mb_start : mb_start + config.mini_batch_size]
                     num_tokens = float(sum(len(batch.response_ids[i]) for i in mini))
                     optimizer.zero_grad(set_to_none=True)
-                    for mc_start in range(0, len(mini), config.micro_batch_size):
-                        idx = mini[mc_start : mc_start + config.micro_batch_size]
+                    for idx in micro_groups(batch, mini):
                         with autocast():
-                            logp, mask, entropy = response_forward(
+                            logp, mask, entropy = rows_forward(
                                 model,
                                 [batch.prompt_ids[i] for i in idx],
                                 [batch.response_ids[i] for i in idx],
@@ -855,6 +927,7 @@ def train(config: Config) -> list[dict[str, Any]]:
                                 device,
                                 with_entropy="grad" if config.entropy_coef > 0 else True,
                                 temperature=temp,
+                                packed=packed,
                             )
                         width = logp.shape[1]
                         if old is None:
