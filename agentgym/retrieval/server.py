@@ -269,6 +269,7 @@ class _Stats:
     searches: int = 0
     largest_batch_queries: int = 0
     failed_requests: int = 0
+    search_seconds: float = 0.0  # wall time inside retriever.search: how busy the server is
     started_at: float = field(default_factory=time.time)
 
 
@@ -367,7 +368,11 @@ class _Batcher:
 
     # -- worker thread ---------------------------------------------------------------------
     def _search(self, queries: list[str], topk: int) -> list[list[Hit]]:
-        hits = self.retriever.search(queries, topk)
+        t0 = time.perf_counter()
+        try:
+            hits = self.retriever.search(queries, topk)
+        finally:
+            self.stats.search_seconds += time.perf_counter() - t0
         if len(hits) != len(queries):
             raise RuntimeError(
                 f"{type(self.retriever).__name__}.search returned {len(hits)} result lists "
@@ -502,6 +507,7 @@ def create_app(
                 "searches": stats.searches,
                 "largest_batch_queries": stats.largest_batch_queries,
                 "failed_requests": stats.failed_requests,
+                "search_seconds": round(stats.search_seconds, 3),
                 "uptime_s": round(time.time() - stats.started_at, 3),
             }
         )

@@ -290,6 +290,8 @@ def test_search_runs_off_the_event_loop(bm25):
         assert httpx.get(running.url + "/health").status_code == 200
         assert time.perf_counter() - t0 < 0.5
         slow.join()
+        # and /health counts the time spent searching
+        assert httpx.get(running.url + "/health").json()["search_seconds"] >= 1.0
 
 
 def test_failing_search_answers_500_to_its_request_only(bm25, questions):
