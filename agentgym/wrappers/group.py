@@ -341,9 +341,6 @@ class _ShardedBackend:
                 results[r[0]] = _Failure(why, raised=False)
         return [results[r[0]] for r in requests]
 
-    def pids(self) -> list[int]:
-        return []
-
 
 #: Set in a worker while it imports the user's ``__main__`` script (only done when the envs
 #: need a class defined there); a GroupVectorEnv built at import time then refuses to start
@@ -364,7 +361,7 @@ def _worker_main(fd: int) -> None:
     """Worker process loop around an :class:`_EnvHost`.
 
     Protocol over one socket: the parent sends ``(main_path, factory_bytes, num_envs)``; the
-    worker answers ``(0, "ready" | "error", detail)``, then answers each ``(seq, cmd, payload)``
+    worker answers ``(0, "ready" | "error" | "bootstrap", detail)``, then answers each ``(seq, cmd, payload)``
     with ``(seq, "ok" | "error", result)``. Echoing ``seq`` lets the parent drop the answers
     of a call it abandoned (an interrupt, a timeout) instead of reading them as the next one's.
     """
@@ -428,6 +425,11 @@ class _ProcessBackend(_ShardedBackend):
     """
 
     def __init__(self, factory: EnvFactory, num_envs: int, num_workers: int | None, timeout: float):
+        if os.name != "posix":
+            raise NotImplementedError(
+                "backend='process' starts its workers with POSIX facilities (inherited sockets, "
+                "process groups); on this system use backend='ray' or 'inprocess'"
+            )
         super().__init__(factory, num_envs, num_workers, timeout)
         try:
             self.factory_bytes = pickle.dumps(factory)
@@ -468,6 +470,7 @@ class _ProcessBackend(_ShardedBackend):
                 ],
                 pass_fds=(child.fileno(),),
                 process_group=0,
+                stdin=subprocess.DEVNULL,  # the terminal's input stays the caller's
             )
         finally:
             child.close()
@@ -628,9 +631,6 @@ class _ProcessBackend(_ShardedBackend):
                 conn.close()
         self._finalizer.detach()
 
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.procs if p is not None]
-
 
 class _RayBackend(_ShardedBackend):
     """Ray actors, one per shard, on whatever nodes the Ray cluster has (``ray.init`` first to
@@ -648,7 +648,7 @@ class _RayBackend(_ShardedBackend):
         try:
             import ray
         except ImportError as exc:
-            raise ImportError("backend='ray' needs Ray: pip install 'agentgym[ray]'") from exc
+            raise ImportError('backend="ray" needs Ray: pip install "agentgym-envs[ray]"') from exc
         super().__init__(factory, num_envs, num_workers, timeout)
         self.ray = ray
         if not ray.is_initialized():
