@@ -156,8 +156,9 @@ def build_dataset(
 
     Each row has ``prompt`` (the episode's first prompt as a chat, which verl's ``RLHFDataset``
     needs for its length filter and logs), ``agent_name`` (:data:`AGENT_NAME`), ``data_source``
-    (the env id) and ``extra_info`` (``env_id``, ``seed``, ``split``, ``env_kwargs``), the fields
-    :func:`episode_spec` reads back. Write them with ``pandas.DataFrame(rows).to_parquet(path)``.
+    (the env id) and ``extra_info`` (``env_id``, ``seed``, and ``split`` and ``env_kwargs`` when
+    given), the fields :func:`episode_spec` reads back. Write them to parquet with
+    ``pandas.DataFrame(rows).to_parquet(path)``.
     """
     env = make_llm_env(env_id, history_length=history_length, env_kwargs=env_kwargs)
     rows = []
@@ -170,11 +171,13 @@ def build_dataset(
                     "data_source": env_id,
                     "agent_name": AGENT_NAME,
                     "prompt": [{"role": "user", "content": prompt}],
+                    # Only set fields: parquet cannot store an empty struct.
                     "extra_info": {
                         "env_id": env_id,
                         "seed": seed,
-                        "split": split,
-                        "env_kwargs": dict(env_kwargs or {}),
+                        "index": seed,  # verl's RLHFDataset logs rows by this
+                        **({"split": split} if split is not None else {}),
+                        **({"env_kwargs": dict(env_kwargs)} if env_kwargs else {}),
                     },
                 }
             )
