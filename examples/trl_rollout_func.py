@@ -36,7 +36,12 @@ import torch  # noqa: E402
 
 from agentgym.integrations.trl import GroupRollout, build_dataset, env_return_reward  # noqa: E402
 
-TINY_ENV_KWARGS: dict[str, Any] = {"length": 2, "num_doors": 2, "list_doors": False}
+TINY_ENV_KWARGS: dict[str, Any] = {
+    "length": 2,
+    "num_doors": 2,
+    "list_doors": False,
+    "max_episode_steps": 2,
+}
 TINY_INSTRUCTION = "Say one door.\n"
 
 

@@ -120,6 +120,7 @@ def build_dataset(
     """
     _require_trl()
     from datasets import Dataset
+    from tqdm.auto import tqdm
 
     if num_tasks < 1:
         raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
@@ -129,7 +130,7 @@ def build_dataset(
     if split is not None:
         rows[SPLIT_COLUMN] = []
     try:
-        for i in range(num_tasks):
+        for i in tqdm(range(num_tasks), desc="tasks", unit="task", disable=num_tasks < 512):
             _, info = env.reset(seed=seed + i, options=options)
             task_id = str(info["task_id"])
             message = {"role": "user", "content": instruction, TASK_COLUMN: task_id}

@@ -21,7 +21,7 @@ pytest.importorskip("trl")
 
 from transformers import TrainerCallback  # noqa: E402
 
-import agentgym  # noqa: E402, F401
+import agentgym  # noqa: E402
 from agentgym.integrations.trl import (  # noqa: E402
     AgentGymEnvironment,
     GroupRollout,
@@ -152,6 +152,29 @@ def test_reset_replays_the_row_and_bad_actions_do_not_raise():
         a.reset(prompt=[{"role": "user", "content": "hi"}])
 
 
+@pytest.mark.parametrize(
+    "env_id",
+    [
+        "AgentGym/Sokoban-v0",
+        "AgentGym/ALFWorld-Synthetic-v0",
+        "AgentGym/SearchQA-Synthetic-v0",
+        "AgentGym/WebShop-Synthetic-v0",
+    ],
+)
+def test_every_family_starts_a_group_from_one_state(env_id):
+    if env_id not in agentgym.env_ids(available_only=True):
+        pytest.skip(f"{env_id}: optional packages not installed")
+    rows = list(build_dataset(env_id, 2, seed=3))
+    factory = environment_factory(env_id)
+    first, second = factory(), factory()
+    assert first.reset(**rows[1]) == second.reset(**rows[1])
+    assert first.initial_state_key == second.initial_state_key
+    assert first.trajectory.task_id == rows[1]["task_id"]
+    first.act("<an action no family accepts>")
+    assert first.info["action_valid"] is False
+    assert first.trajectory.steps[0].state_key == second.initial_state_key
+
+
 def test_environment_factory_trains_on_env_rewards(tmp_path, one_thread):
     """TRL's GRPOTrainer drives the env through tool calls; its logged rewards are the env's."""
     example = _example("trl_environment_factory")
@@ -229,8 +252,23 @@ def test_rollout_func_trains_on_env_returns_with_shared_group_states(tmp_path, o
     outputs = []
 
     def keep(prompts, trainer):  # the rollout's raw output (tokens, env_mask, logprobs)
-        outputs.append(rollout(prompts, trainer))
-        return outputs[-1]
+        out = rollout(prompts, trainer)
+        outputs.append(out)
+        # The sequence TRL trains on (prompt + completion) is the one the model generated
+        # from: the model's own log-probs of its tokens there equal the sampling log-probs.
+        with torch.no_grad():
+            for p, c, m, lp in zip(
+                out["prompt_ids"],
+                out["completion_ids"],
+                out["env_mask"],
+                out["logprobs"],
+                strict=True,
+            ):
+                logits = trainer.model(torch.tensor([p + c])).logits[0, len(p) - 1 : -1]
+                own = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(c)[:, None])
+                at = torch.tensor(m, dtype=torch.bool)
+                assert torch.allclose(own[at, 0], torch.tensor(lp)[at], atol=1e-4)
+        return out
 
     trainer.rollout_func = keep
     try:
