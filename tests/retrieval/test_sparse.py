@@ -603,3 +603,33 @@ def test_query_cache_starts_over_without_changing_results(monkeypatch):
     got = [index.search([q], 5) for q in queries]
     np.testing.assert_array_equal(expected[0], np.concatenate([r for r, _ in got]))
     np.testing.assert_array_equal(expected[1], np.concatenate([s for _, s in got]))
+
+
+def test_build_shows_progress_when_asked(capsys):
+    BM25Index.build(CORPUS, show_progress=True)
+    assert "BM25 index" in capsys.readouterr().err
+    BM25Index.build(CORPUS)
+    assert capsys.readouterr().err == ""
+
+
+def _search_in_child(path, queries, out):
+    out.put(BM25Index.load(path, mmap=True).search(queries, 5)[0].tolist())
+
+
+def test_mmap_index_searches_the_same_in_forked_workers(index, tmp_path):
+    import multiprocessing as mp
+
+    index.save(tmp_path / "shared")
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    workers = [
+        ctx.Process(target=_search_in_child, args=(tmp_path / "shared", QUERIES, out))
+        for _ in range(2)
+    ]
+    for w in workers:
+        w.start()
+    results = [out.get(timeout=60) for _ in workers]
+    for w in workers:
+        w.join(timeout=60)
+    expected = index.search(QUERIES, 5)[0].tolist()
+    assert results == [expected, expected]
