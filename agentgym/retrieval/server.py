@@ -291,7 +291,9 @@ class _Batcher:
         self.cache = _DocumentCache()
         self._queue: deque[_Pending] = deque()
         self._queued_queries = 0
-        self._arrived = asyncio.Event()  # set on every arrival; the loop clears it
+        # wakes the dispatcher: set by the first request into an empty queue, by the request
+        # that fills a batch, and by the batch window's timer; not by every arrival
+        self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieval-search")
         self._task: asyncio.Task[None] | None = None
 
@@ -315,26 +317,27 @@ class _Batcher:
         pending = _Pending(query, loop.create_future(), loop.time())
         self._queue.append(pending)
         self._queued_queries += len(query.queries)
-        self._arrived.set()
+        if len(self._queue) == 1 or self._queued_queries >= self.max_batch_queries:
+            self._wake.set()
         return await pending.future
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             if not self._queue:
-                self._arrived.clear()
-                await self._arrived.wait()
+                self._wake.clear()
+                await self._wake.wait()
                 continue
             # the batch window opens when its first request arrived: a queue that built up
             # during the previous search goes out at once
             deadline = self._queue[0].arrived_at + self.batch_wait_s
-            while self._queued_queries < self.max_batch_queries:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                self._arrived.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._arrived.wait(), remaining)
+            if self._queued_queries < self.max_batch_queries and deadline > loop.time():
+                self._wake.clear()
+                timer = loop.call_at(deadline, self._wake.set)
+                try:
+                    await self._wake.wait()  # the window ends, or a request fills the batch
+                finally:
+                    timer.cancel()
             batch = self._take_batch()
             if not batch:
                 continue
