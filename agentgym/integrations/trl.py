@@ -45,6 +45,7 @@ TRL is imported only when an adapter is used; without it, one line says what to 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -368,7 +369,8 @@ class GroupRollout:
 
     ``__call__(prompts, trainer)`` receives the process's prompts (each repeated
     ``num_generations`` times in a row, as TRL's sampler lays them out), plays each run of
-    repeats as one group of envs (the task named by the prompt's last message, see
+    repeats as one group of envs (a run split between processes plays the same task and
+    initial state in each) (the task named by the prompt's last message, see
     :func:`build_dataset`; every env of a group starts from the same state), and generates every
     turn with ``trainer``'s model (its generation config; ``max_turn_tokens`` new tokens per
     turn). The chat is the prompt with the first observation appended to its last message, then
@@ -553,7 +555,7 @@ class GroupRollout:
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         training = trainer.model.training
         group_size = trainer.num_generations if training else trainer.num_generations_eval
-        group_rows = _group_tasks(prompts, group_size)
+        group_rows, group_size = _group_tasks(prompts, group_size)
         num_groups = len(group_rows)
         venv = self._group_env(num_groups, group_size)
         group_options = []
@@ -648,23 +650,29 @@ def _prompt_task(prompt: Any) -> dict[str, Any]:
     return row
 
 
-def _group_tasks(prompts: list[Any], group_size: int) -> list[dict[str, Any]]:
-    """The task of each run of ``group_size`` prompts (TRL repeats a prompt once per generation)."""
-    if not prompts or len(prompts) % group_size:
-        raise ValueError(
-            f"got {len(prompts)} prompts, not a multiple of num_generations={group_size}"
-        )
+def _group_tasks(prompts: list[Any], num_generations: int) -> tuple[list[dict[str, Any]], int]:
+    """``(task of each group, group size)`` for a process's prompts.
+
+    TRL's sampler repeats each prompt ``num_generations`` times in a row; with several processes,
+    one process may hold only part of a prompt's repeats. Groups are therefore runs of
+    ``gcd(len(prompts), num_generations)`` prompts, each run one task; a prompt split over two
+    runs (or two processes) still starts every env from the same state, since every agentgym
+    family's initial state is fixed by its task.
+    """
+    if not prompts:
+        raise ValueError("got no prompts")
     rows = [_prompt_task(p) for p in prompts]
+    size = math.gcd(len(rows), num_generations)
     groups = []
-    for start in range(0, len(rows), group_size):
-        members = rows[start : start + group_size]
+    for start in range(0, len(rows), size):
+        members = rows[start : start + size]
         if any(m != members[0] for m in members):
             raise ValueError(
-                f"prompts {start}..{start + group_size - 1} should be one prompt repeated "
-                f"num_generations={group_size} times, got tasks {members}"
+                f"prompts {start}..{start + size - 1} should repeat one prompt (TRL repeats each "
+                f"prompt num_generations={num_generations} times in a row), got tasks {members}"
             )
         groups.append(members[0])
-    return groups
+    return groups, size
 
 
 def _as_list(value: Any) -> list[int]:

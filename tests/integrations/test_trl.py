@@ -313,7 +313,7 @@ def test_rollout_func_trains_on_env_returns_with_shared_group_states(tmp_path, o
     )
 
 
-def test_rollout_func_refuses_prompts_that_do_not_name_one_task_per_group():
+def test_rollout_func_groups_runs_of_one_task_and_refuses_prompts_without_one():
     GroupRollout(ENV, fmt="plain")  # builds no env until called
     with pytest.raises(ValueError, match="build_dataset"):
         _group_tasks([[{"role": "user", "content": "hi"}]] * 4, 4)
@@ -321,13 +321,12 @@ def test_rollout_func_refuses_prompts_that_do_not_name_one_task_per_group():
         _group_tasks(["a plain text prompt"] * 4, 4)
     row = [{"role": "user", "content": "x", "task_id": "corridor-train-1", "seed": 1}]
     other = [{"role": "user", "content": "x", "task_id": "corridor-train-2", "seed": 2}]
+    one = {"task_id": "corridor-train-1", "seed": 1, "split": None}
+    two = {"task_id": "corridor-train-2", "seed": 2, "split": None}
     with pytest.raises(ValueError, match="num_generations=4"):
-        _group_tasks([row] * 3, 4)
-    with pytest.raises(ValueError, match="repeated"):
         _group_tasks([row, row, other, other], 4)
-    assert _group_tasks([row] * 4 + [other] * 4, 4) == [
-        {"task_id": "corridor-train-1", "seed": 1, "split": None},
-        {"task_id": "corridor-train-2", "seed": 2, "split": None},
-    ]
+    assert _group_tasks([row] * 4 + [other] * 4, 4) == ([one, two], 4)
+    # a process holding part of a prompt's repeats (12 rollouts per process, 8 per prompt)
+    assert _group_tasks([row] * 8 + [other] * 4, 8) == ([one, one, two], 4)
     with pytest.raises(ValueError, match="format"):
         GroupRollout(ENV, fmt="no-such-format")
