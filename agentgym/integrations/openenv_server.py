@@ -23,6 +23,8 @@ mapped to 4xx.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import functools
 import json
 import logging
@@ -64,8 +66,56 @@ DEFAULT_MAX_SESSIONS = 32
 DEFAULT_SESSION_TIMEOUT_S = 300.0
 
 
+class _Connection:
+    """One WebSocket connection, as the guard saw it open: how to talk to its client."""
+
+    __slots__ = ("send", "jsonrpc", "closed_by_server")
+
+    def __init__(self, send: Any, jsonrpc: bool):
+        self.send = send
+        self.jsonrpc = jsonrpc
+        self.closed_by_server = False
+
+    async def hang_up(self, reason: str, code: str) -> None:
+        """Send ``reason`` as an error message, then close with it (best effort: it may be gone).
+
+        Called by the reaper while the connection's handler waits for the next message, so
+        nothing else is sending; the client's answer to the close ends that wait.
+        """
+        self.closed_by_server = True
+        with contextlib.suppress(Exception):
+            await self.send(
+                {"type": "websocket.send", "text": _error_frame(reason, self.jsonrpc, code)}
+            )
+            short = reason.encode()[:123].decode(errors="ignore")  # RFC 6455's limit on reasons
+            await self.send({"type": "websocket.close", "code": 1000, "reason": short})
+
+
+#: the connection whose handler is running: OpenEnv's handler creates its session in the task the
+#: guard set this in, which is how the server learns which connection a session belongs to
+_current_connection: contextvars.ContextVar[_Connection | None] = contextvars.ContextVar(
+    "agentgym_openenv_connection", default=None
+)
+
+
 class _AgentGymEnvServer(HTTPEnvServer):
-    """OpenEnv's server with an idle-session reaper that suits short timeouts and says why."""
+    """OpenEnv's server with an idle-session reaper that suits short timeouts, says why it
+    closed a session, and closes that session's connection too."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._connections: dict[str, _Connection] = {}
+
+    async def _create_session(self) -> tuple[str, Any]:
+        session_id, env = await super()._create_session()
+        connection = _current_connection.get()
+        if connection is not None:
+            self._connections[session_id] = connection
+        return session_id, env
+
+    async def _destroy_session(self, session_id: str) -> None:
+        self._connections.pop(session_id, None)
+        await super()._destroy_session(session_id)
 
     async def _reap_idle_sessions(self) -> None:
         timeout = self._session_idle_timeout_s
@@ -89,12 +139,16 @@ class _AgentGymEnvServer(HTTPEnvServer):
                         if info is None or time.time() - info.last_activity_at <= timeout:
                             continue
                         env = self._sessions.get(sid)
+                    reason = (
+                        f"session closed after {timeout:g} s without a reset or step "
+                        "(--session-timeout); open a new connection"
+                    )
                     if isinstance(env, ServedEnvironment):
-                        env.expire(
-                            f"session closed after {timeout:g} s without a reset or step "
-                            "(--session-timeout); open a new connection"
-                        )
+                        env.expire(reason)  # for a message already on its way
+                    connection = self._connections.get(sid)
                     await self._destroy_session(sid)
+                    if connection is not None:
+                        await connection.hang_up(reason, "SESSION_ERROR")
             except asyncio.CancelledError:
                 break
             except Exception as exc:  # noqa: BLE001 - the reaper must outlive one bad session
@@ -135,6 +189,9 @@ class _WebSocketGuard:
             await self._refuse(receive, send, jsonrpc)
             return
 
+        connection = _Connection(send, jsonrpc)
+        _current_connection.set(connection)  # this task's context: seen by _create_session
+
         async def checked_receive() -> dict:
             while True:
                 message = await receive()
@@ -148,8 +205,10 @@ class _WebSocketGuard:
 
         try:
             await self.app(scope, checked_receive, send)
-        except WebSocketDisconnect:
-            pass
+        except (WebSocketDisconnect, RuntimeError) as exc:
+            # RuntimeError: OpenEnv's handler closing a socket the reaper already closed
+            if isinstance(exc, RuntimeError) and not connection.closed_by_server:
+                raise
 
     async def _refuse(self, receive: Any, send: Any, jsonrpc: bool) -> None:
         """Accept, send the capacity error, wait for the client's first frame, close (1013)."""
@@ -162,7 +221,7 @@ class _WebSocketGuard:
             "the server with a larger --max-sessions"
         )
         await send(
-            {"type": "websocket.send", "text": _error_frame(problem, jsonrpc, capacity=True)}
+            {"type": "websocket.send", "text": _error_frame(problem, jsonrpc, "CAPACITY_REACHED")}
         )
         message = {"type": "websocket.receive"}
         try:
@@ -195,12 +254,11 @@ _JSON_KINDS = {list: "array", int: "number", float: "number", str: "string", boo
 _JSON_KINDS[type(None)] = "null"
 
 
-def _error_frame(problem: str, jsonrpc: bool, capacity: bool = False) -> str:
+def _error_frame(problem: str, jsonrpc: bool, code: str = "INVALID_JSON") -> str:
     """An error frame in the endpoint's dialect: OpenEnv's error message, or JSON-RPC on /mcp."""
     if jsonrpc:  # JSON-RPC 2.0: -32600 invalid request; -32000 server error (as OpenEnv's refusal)
-        error = {"code": -32000 if capacity else -32600, "message": problem}
+        error = {"code": -32600 if code == "INVALID_JSON" else -32000, "message": problem}
         return json.dumps({"jsonrpc": "2.0", "error": error, "id": None})
-    code = "CAPACITY_REACHED" if capacity else "INVALID_JSON"
     return json.dumps({"type": "error", "data": {"message": problem, "code": code}})
 
 

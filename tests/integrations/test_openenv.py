@@ -28,6 +28,7 @@ pytest.importorskip("openenv", reason="openenv-core not installed")
 import httpx  # noqa: E402
 import uvicorn  # noqa: E402
 from openenv.core.generic_client import GenericEnvClient  # noqa: E402
+from websockets.exceptions import ConnectionClosed  # noqa: E402
 from websockets.sync.client import connect as ws_connect  # noqa: E402
 
 import agentgym  # noqa: E402
@@ -347,10 +348,21 @@ def test_idle_session_times_out_and_says_so():
             idle.reset(seed=0)
             time.sleep(1.0)  # > timeout + reaper interval
             assert server.active_sessions == 0  # the slot is free again
-            with pytest.raises(RuntimeError, match="session closed after 0.3 s"):
+            # the server hung up, saying why (in the close frame OpenEnv's client reports)
+            with pytest.raises(Exception, match="session closed after 0.3 s"):
                 idle.step("wait")
-            with pytest.raises(RuntimeError, match="session closed"):
-                idle.reset(seed=1)
+        with ws_connect(url.replace("http", "ws") + "/ws", open_timeout=10) as raw:
+            raw.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+            assert json.loads(raw.recv(timeout=10))["type"] == "observation"
+            # without sending anything: first the reason as an error message, then the close
+            answer = json.loads(raw.recv(timeout=10))
+            assert answer["data"]["code"] == "SESSION_ERROR"
+            assert "session closed after 0.3 s" in answer["data"]["message"]
+            with pytest.raises(ConnectionClosed) as closed:
+                raw.recv(timeout=10)
+            assert closed.value.rcvd.code == 1000
+            assert "session closed after 0.3 s" in closed.value.rcvd.reason
+        assert server.active_sessions == 0
         with client(url) as fresh:  # and a new session takes the freed slot
             assert fresh.reset(seed=0).observation.text
 
