@@ -14,8 +14,9 @@ Built on OpenEnv's own ``HTTPEnvServer`` (``openenv-core``), so the wire protoco
 
 What this module adds to OpenEnv's server: the session bound (``max_sessions``; a connection
 beyond it gets a ``CAPACITY_REACHED`` error and is closed, never queued), an idle timeout that
-is checked often enough for short timeouts (OpenEnv's own reaper wakes every >= 5 s), a clear
-error on the next message of an expired session, errors instead of a dropped session for frames
+is checked often enough for short timeouts (OpenEnv's own reaper wakes every >= 5 s) and that
+tells the client why (an error message, then a close frame with the reason; OpenEnv frees the
+env but leaves the connection open and silent), errors instead of a dropped session for frames
 OpenEnv's handler cannot parse (JSON arrays, numbers, binary frames), and agentgym's errors
 mapped to 4xx.
 """
