@@ -500,7 +500,7 @@ def test_no_java_at_all_says_what_to_install(tmp_path):
     proc = _run_java_lookup(tmp_path, code, None)
     assert proc.returncode == 0, proc.stderr
     assert "found no Java at all" in proc.stdout
-    assert 'pip install "agentgym[pyserini]"' in proc.stdout
+    assert 'pip install "agentgym-envs[pyserini]"' in proc.stdout
     assert proc.stdout.strip().endswith("cached")  # a failed start is not retried
 
 
