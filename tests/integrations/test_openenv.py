@@ -517,7 +517,7 @@ def test_unknown_session_ids_are_errors():
 
 
 # ---------------------------------------------------------------------------------------------
-def test_cli_serves_a_real_process_and_stops_on_ctrl_c(tmp_path):
+def test_cli_serves_a_real_process_and_stops_on_ctrl_c():
     import socket
 
     with socket.socket() as s:
