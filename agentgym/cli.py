@@ -7,6 +7,7 @@ agentgym rollout AgentGym/Sokoban-v0 --groups 16 --group-size 8
 agentgym bench AgentGym/Sokoban-v0 --steps 20000 --json out.json
 agentgym retrieval index --corpus wiki.jsonl --kind bm25 --out idx   build a search index
 agentgym retrieval serve --index idx --port 8000                     serve it over HTTP
+agentgym serve AgentGym/Sokoban-v0 --port 8000                       an env over OpenEnv's protocol
 """
 
 from __future__ import annotations
@@ -342,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"agentgym {agentgym.__version__}")
     # not required=True: argparse would then report a missing command before an unknown flag
-    sub = p.add_subparsers(dest="command", metavar="{list,play,rollout,bench,retrieval}")
+    sub = p.add_subparsers(dest="command", metavar="{list,play,rollout,bench,retrieval,serve}")
 
     sub.add_parser("list", help="registered ids, their family, packages and data").set_defaults(
         func=cmd_list
@@ -405,6 +406,11 @@ def build_parser() -> argparse.ArgumentParser:
     from agentgym.retrieval.cli import add_parser as add_retrieval_parser
 
     add_retrieval_parser(sub)
+
+    # `agentgym serve`: an env over OpenEnv's protocol (openenv-core is imported only when run)
+    from agentgym.integrations.openenv_cli import add_parser as add_serve_parser
+
+    add_serve_parser(sub)
     return p
 
 
@@ -412,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.error("choose a command: list, play, rollout, bench or retrieval ('agentgym -h')")
+        parser.error("choose a command: list, play, rollout, bench, retrieval or serve ('agentgym -h')")
     try:
         return int(args.func(args) or 0)
     except KeyError as exc:  # unknown ids from the registry
