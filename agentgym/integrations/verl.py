@@ -23,6 +23,7 @@ Wiring it into a verl run (see ``examples/verl_agent_loop.py`` for the full comm
     actor_rollout_ref.rollout.mode=async
     actor_rollout_ref.rollout.agent.default_agent_loop=agentgym_agent
     algorithm.adv_estimator=agentgym_gigpo algorithm.gamma=0.95
+    algorithm.norm_adv_by_std_in_grpo=False   # the paper's mean_norm
     trainer.use_v1=False
     +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=agentgym.integrations.verl.setup_verl_worker
 
@@ -647,6 +648,14 @@ def _option(config: Any, key: str, default: Any) -> Any:
     return default if value is None else value
 
 
+def _option_attr(config: Any, key: str, default: Any) -> Any:
+    if config is None:
+        return default
+    getter = getattr(config, "get", None)
+    value = getter(key, None) if callable(getter) else getattr(config, key, None)
+    return default if value is None else value
+
+
 def compute_gigpo_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -666,12 +675,13 @@ def compute_gigpo_advantage(
     advantage ``A_episode + omega * A_step`` (Eq. 8) then goes to every token of its span.
 
     Args:
-        token_level_rewards: (bs, response_length); only its shape, dtype and device are used:
-            the per-turn rewards come from ``non_tensor_batch``.
+        token_level_rewards: (bs, response_length); only its shape is checked: the per-turn
+            rewards come from ``non_tensor_batch`` (verl's copy holds their sum on the last token).
         response_mask: (bs, response_length), 1 on model tokens.
         index: (bs,) group ids (verl's ``uid``: the rollouts of one dataset row).
         config: verl's algorithm config; reads ``gamma`` and ``norm_adv_by_std_in_grpo`` when not
-            given, and ``gigpo.{omega, invalid_penalty, episode_stats_over}`` when present.
+            given, and ``gigpo.{omega, invalid_penalty, episode_stats_over, norm}`` when present
+            (``+algorithm.gigpo.omega=0.5``; ``gigpo.norm`` overrides the std switch).
         non_tensor_batch: the batch's per-row fields, holding :data:`EXTRA_KEYS`.
         gamma: discount of step returns (Eq. 5); default ``config.gamma``, else 0.95.
         norm_adv_by_std_in_grpo: ``mean_std_norm`` when true (verl's default), else ``mean_norm``.
@@ -698,6 +708,11 @@ def compute_gigpo_advantage(
     if index is None:
         index = non_tensor_batch.get("uid")
     bs, length = response_mask.shape
+    if tuple(token_level_rewards.shape) != (bs, length):
+        raise ValueError(
+            f"token_level_rewards {tuple(token_level_rewards.shape)} and response_mask "
+            f"{(bs, length)} must have the same shape (bs, response_length)"
+        )
     spans_per_row = non_tensor_batch[_SPANS]
     if index is None or len(index) != bs or len(spans_per_row) != bs:
         raise ValueError(
@@ -708,6 +723,7 @@ def compute_gigpo_advantage(
         gamma = float(_option_attr(config, "gamma", 0.95))
     if norm_adv_by_std_in_grpo is None:
         norm_adv_by_std_in_grpo = bool(_option_attr(config, "norm_adv_by_std_in_grpo", True))
+    norm = _option(config, "norm", "mean_std_norm" if norm_adv_by_std_in_grpo else "mean_norm")
     defaults = AdvantageConfig()
 
     # Flat turn rows, row-major (C-level chains; no Python loop over turns).
@@ -738,7 +754,7 @@ def compute_gigpo_advantage(
         invalid=~valid,
         gamma=gamma,
         omega=float(_option(config, "omega", defaults.omega)),
-        norm="mean_std_norm" if norm_adv_by_std_in_grpo else "mean_norm",
+        norm=norm,
         invalid_penalty=float(_option(config, "invalid_penalty", defaults.invalid_penalty)),
         episode_stats_over=_option(config, "episode_stats_over", defaults.episode_stats_over),
     )
@@ -757,14 +773,6 @@ def compute_gigpo_advantage(
     ret = torch.from_numpy(np.concatenate([[0.0], result.returns]).astype(np.float32))
     device = response_mask.device
     return (adv[turn_at] * mask).to(device), (ret[turn_at] * mask).to(device)
-
-
-def _option_attr(config: Any, key: str, default: Any) -> Any:
-    if config is None:
-        return default
-    getter = getattr(config, "get", None)
-    value = getter(key, None) if callable(getter) else getattr(config, key, None)
-    return default if value is None else value
 
 
 def register_verl_estimator() -> Callable[..., Any]:
