@@ -50,6 +50,7 @@ __all__ = [
     "InvalidAction",
     "ResetOptionError",
     "EnvSnapshot",
+    "ProcessLocal",
     "SnapshotMismatch",
     "coerce_action",
     "describe_action",
@@ -118,6 +119,23 @@ class SnapshotMismatch(ValueError):
 
     Raised before anything changes: the env keeps its state. The message names both sides.
     """
+
+
+class ProcessLocal:
+    """A value a snapshot carries by reference within this process and drops when pickled.
+
+    For caches derived from the state (a room's lookup tables, a game's admissible actions):
+    a restore in the same process reuses them, a restore from a pickled snapshot finds
+    ``value`` None and recomputes. The value must never be mutated in place.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any = None):
+        self.value = value
+
+    def __reduce__(self) -> tuple:
+        return ProcessLocal, ()
 
 
 @dataclass(frozen=True, slots=True, eq=False)

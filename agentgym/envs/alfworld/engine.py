@@ -41,6 +41,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from agentgym.core import ProcessLocal
 from agentgym.envs.alfworld.grammar import (
     parse_grammar_document,
     parse_symbols,
@@ -578,25 +579,12 @@ class _Op:
         self.key = key
 
 
-class _ProcessLocal:
-    """Caches valid in this process only: kept by reference, pickled as empty (the next
-    process recomputes them on first use)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any = None):
-        self.value = value
-
-    def __reduce__(self):
-        return _ProcessLocal, ()
-
-
 class FrozenWorld(NamedTuple):
     """An immutable copy of a :class:`World`'s mutable state (:meth:`World.freeze`)."""
 
     facts: tuple[tuple[str, frozenset], ...]
     negated: tuple[tuple[str, frozenset], ...]
-    derived: _ProcessLocal
+    derived: ProcessLocal
     """(game, fact indexes, operators, commands, state key) of that state, reused by a thaw in
     this process into a world of the same game"""
 
@@ -649,7 +637,7 @@ class World:
         return FrozenWorld(
             tuple((p, frozenset(s)) for p, s in self.facts.items()),
             tuple((p, frozenset(s)) for p, s in self.negated.items()),
-            _ProcessLocal(derived),
+            ProcessLocal(derived),
         )
 
     def thaw(self, frozen: FrozenWorld) -> None:

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from agentgym.core import ResetOptionError, TextEnv, describe_action
+from agentgym.core import ProcessLocal, ResetOptionError, TextEnv, describe_action
 from agentgym.envs.sokoban.cache import RoomCache, resolve_room_cache
 from agentgym.envs.sokoban.generator import FLOOR, TARGET, WALL, Room, generate_room
 
@@ -161,6 +161,22 @@ class _SokobanState(NamedTuple):
     box_mask: bytes  # one byte per cell, 1 where a box stands
     on_target: int
     cells: tuple[str, ...]  # the observation's cells, so a restore need not redraw the grid
+    tables: ProcessLocal  # the room's lookup tables (_ROOM_TABLES), reused in this process
+
+
+#: the attributes ``_set_room`` derives from a room and the text format, never changed by a step
+_ROOM_TABLES = (
+    "_w",
+    "_deltas",
+    "_free",
+    "_target",
+    "_room_id",
+    "_total_boxes",
+    "_empty_glyph",
+    "_box_glyph",
+    "_player_glyph",
+    "_text_pos",
+)
 
 
 @lru_cache(maxsize=4096)
@@ -210,9 +226,9 @@ class SokobanEnv(TextEnv):
     ``score`` is the fraction of boxes on targets.
 
     **Snapshot** (:meth:`~agentgym.core.TextEnv.snapshot`): the player and box cells, the box
-    mask and the observation's cells (copied: a few hundred bytes), with the :class:`Room`
-    shared by reference (its layout never changes). A restore into an env on another room
-    redoes the room's precomputation once. Identity: ``dim_room``, ``num_boxes``,
+    mask and the observation's cells (copied: a few hundred bytes), with the :class:`Room` and
+    its lookup tables shared by reference (they never change), so a restore onto another room
+    assigns them; after pickling the tables are recomputed from the room once. Identity: ``dim_room``, ``num_boxes``,
     ``num_gen_steps``, the room cache's fingerprint, ``text_format`` and the step cap.
     """
 
@@ -440,14 +456,20 @@ class SokobanEnv(TextEnv):
             bytes(self._box),
             self._on_target,
             tuple(self._cells),
+            ProcessLocal(tuple(getattr(self, name) for name in _ROOM_TABLES)),
         )
 
     def _restore_state(self, state: _SokobanState) -> None:
         if state.room_id != self._room_id or state.task_id != self.task_id:
-            room = state.room
-            if room.fixed.flags.writeable:  # unpickled: keep the layout read-only as ever
-                room.fixed.flags.writeable = False
-            self._set_room(room, state.task_id)
+            room, tables = state.room, state.tables.value
+            if tables is not None:
+                self.room, self.task_id = room, state.task_id
+                for name, value in zip(_ROOM_TABLES, tables, strict=True):
+                    setattr(self, name, value)
+            else:
+                if room.fixed.flags.writeable:  # unpickled: keep the layout read-only as ever
+                    room.fixed.flags.writeable = False
+                self._set_room(room, state.task_id)
         self._player = state.player
         self._boxes = list(state.boxes)
         self._box = bytearray(state.box_mask)
