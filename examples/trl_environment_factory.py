@@ -40,7 +40,12 @@ from agentgym.integrations.trl import (  # noqa: E402
     environment_factory,
 )
 
-TINY_ENV_KWARGS: dict[str, Any] = {"length": 2, "num_doors": 2, "list_doors": False}
+TINY_ENV_KWARGS: dict[str, Any] = {
+    "length": 2,
+    "num_doors": 2,
+    "list_doors": False,
+    "max_episode_steps": 2,
+}
 
 
 def tool_call_text(action: str, tool: str = "act") -> str:

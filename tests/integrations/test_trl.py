@@ -8,6 +8,7 @@ logged reward) and that every generation of a prompt played the same task from t
 from __future__ import annotations
 
 import importlib
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -124,14 +125,11 @@ def test_environment_exposes_act_as_a_typed_documented_tool():
     assert schema["name"] == "act"
     assert schema["parameters"]["properties"]["action"]["type"] == "string"
     assert schema["parameters"]["properties"]["action"]["description"]
-    # what TRL turns into tools: public functions other than reset / get_reward
+    # what TRL turns into tools: the class's public functions other than reset / get_reward
     tools = [
-        n
-        for n in dir(AgentGymEnvironment)
-        if callable(getattr(AgentGymEnvironment, n))
-        and isinstance(AgentGymEnvironment.__dict__.get(n), type(lambda: 0))
-        and not n.startswith("_")
-        and n not in ("reset", "get_reward")
+        name
+        for name, _ in inspect.getmembers(AgentGymEnvironment, predicate=inspect.isfunction)
+        if not name.startswith("_") and name not in ("reset", "get_reward")
     ]
     assert tools == ["act"]
 
