@@ -48,7 +48,11 @@ def register_envs() -> None:
             entry_point=e.make,  # checks the optional packages first: one line naming the extra
             kwargs=dict(e.kwargs),
             vector_entry_point=vector_entry_point(e.id),
-            disable_env_checker=False,
+            # Every id passes gymnasium's check_env in the test suite. The passive checker is
+            # off by default because it breaks an env whose first reset raised (bad options):
+            # it marks reset as checked before the call, and the next step then fails inside it.
+            # gym.make(id, disable_env_checker=False) still turns it on.
+            disable_env_checker=True,
         )
 
 

@@ -88,3 +88,13 @@ def test_surrounding_whitespace_never_changes_an_action(env_id, make):
         info = plain[4]
         if plain[2] or plain[3]:
             break
+
+
+def test_env_works_after_its_first_reset_was_refused():
+    # a first reset with bad options must not poison the env (gymnasium's passive checker did)
+    env = gym.make("AgentGym/Sokoban-v0")
+    with pytest.raises(ResetOptionError):
+        env.reset(options={"spilt": "train"})
+    obs, info = env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step(info["admissible_actions"][0])
+    assert info["action_valid"]
