@@ -518,7 +518,7 @@ class GroupRollout:
             attention[row, width - len(ids) :] = 1
         config = copy.deepcopy(trainer.generation_config)
         config.max_new_tokens = self.max_turn_tokens
-        config.output_scores = config.return_dict_in_generate = True
+        recorder = _SampledLogProbs(float(config.temperature or 1.0))
         with (
             unwrap_model_for_generation(
                 trainer.model_wrapped,
@@ -527,15 +527,15 @@ class GroupRollout:
             ) as model,
             torch.no_grad(),
         ):
-            out = model.generate(
+            sequences = model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention.to(device),
                 generation_config=config,
+                logits_processor=[recorder],
             )
-        new = out.sequences[:, width:].cpu()
-        # log-probs of the sampled tokens under the processed (temperature, top-p...) distribution
-        scores = torch.stack(out.scores, dim=1).float().cpu()  # (B, T, V)
-        logps = torch.log_softmax(scores, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        new = sequences[:, width:]
+        logps = recorder.result(new).cpu()
+        new = new.cpu()
         ids_out, logps_out = [], []
         eos = torch.tensor(sorted(eos_ids))
         for row in range(new.shape[0]):
@@ -635,6 +635,38 @@ class GroupRollout:
             "step_rewards": [[s.reward for s in st] for st in steps],
             "turn_spans": [[list(span) for span in sp] for sp in spans],
         }
+
+
+class _SampledLogProbs:
+    """A logits processor that keeps the log-prob of each sampled token, ``(B, T)`` in the end.
+
+    Log-probs are of ``logits / temperature``, as TRL scores tokens in training (custom
+    processors run before the sampling warpers). Holding one step's ``(B, vocab)`` at a time
+    instead of asking ``generate`` for all scores keeps memory at ``B x vocab``, not
+    ``B x T x vocab`` (gigabytes for a real vocabulary and long turns).
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.previous = None  # log-softmax of the last step, until its token is known
+        self.picked: list[Any] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        if self.previous is not None:  # input_ids now ends with the token sampled last step
+            self.picked.append(self.previous.gather(-1, input_ids[:, -1:])[:, 0])
+        self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def result(self, new_tokens: Any) -> Any:
+        """``(B, T)`` log-probs of ``new_tokens`` (the last token's step has no later call)."""
+        import torch
+
+        if self.previous is not None and len(self.picked) < new_tokens.shape[1]:
+            last = new_tokens[:, len(self.picked) : len(self.picked) + 1]
+            self.picked.append(self.previous.gather(-1, last)[:, 0])
+        return torch.stack(self.picked, dim=1)
 
 
 def _prompt_task(prompt: Any) -> dict[str, Any]:
