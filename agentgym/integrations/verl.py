@@ -759,20 +759,21 @@ def compute_gigpo_advantage(
         episode_stats_over=_option(config, "episode_stats_over", defaults.episode_stats_over),
     )
 
-    # Broadcast turn values to their spans: mark turn k+1 at its start and -(k+1) at its end in
-    # a (bs, length + 1) integer array; the row-wise cumsum is then k+1 inside span k, 0 outside.
+    # Broadcast turn values to their spans, touching span tokens only: the flat positions of all
+    # span tokens are one repeat + arange (each turn's run restarts at its start).
     starts = np.clip(spans[:, 0], 0, length)
-    ends = np.clip(spans[:, 1], starts, length)
-    marks = np.zeros((bs, length + 1), dtype=np.int64)
-    code = np.arange(1, n + 1)
-    np.add.at(marks, (row_of_turn, starts), code)
-    np.add.at(marks, (row_of_turn, ends), -code)
-    turn_at = torch.from_numpy(np.cumsum(marks[:, :length], axis=1))
+    sizes = np.clip(spans[:, 1], starts, length) - starts
+    total = int(sizes.sum())
+    run_start = np.cumsum(sizes) - sizes
+    cols = torch.from_numpy(np.repeat(starts - run_start, sizes) + np.arange(total))
+    rows = torch.from_numpy(np.repeat(row_of_turn, sizes))
     mask = response_mask.to(torch.float32).cpu()
-    adv = torch.from_numpy(np.concatenate([[0.0], result.advantages]).astype(np.float32))
-    ret = torch.from_numpy(np.concatenate([[0.0], result.returns]).astype(np.float32))
-    device = response_mask.device
-    return (adv[turn_at] * mask).to(device), (ret[turn_at] * mask).to(device)
+    out = []
+    for per_turn in (result.advantages, result.returns):
+        tokens = torch.zeros(bs, length, dtype=torch.float32)
+        tokens[rows, cols] = torch.from_numpy(np.repeat(per_turn.astype(np.float32), sizes))
+        out.append((tokens * mask).to(response_mask.device))
+    return out[0], out[1]
 
 
 def register_verl_estimator() -> Callable[..., Any]:
