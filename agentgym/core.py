@@ -146,6 +146,7 @@ class EnvSnapshot:
     same class, variant and data (in this process or, pickled, in another). Only what a step can
     change is copied; what never changes (a room's layout, a game's static facts, a catalogue,
     a retriever) is shared by reference in-process and found again by name after pickling.
+    A pickled snapshot is a pickle: unpickle only snapshots from a trusted source.
     """
 
     env_class: str
@@ -268,9 +269,11 @@ class TextEnv(gym.Env[str, str]):
     snapshot holds. Restoring acts on the unwrapped env: gymnasium's ``OrderEnforcing``
     wrapper (what ``gym.make`` adds) still wants one ``reset()`` before its first ``step``, so
     step ``env.unwrapped`` or reset the wrapped env once before restoring into it.
-    Two snapshots with equal ``state_key`` behave the same from then on (same rewards, flags,
-    state keys and admissible actions for the same actions) except for the step cap, which
-    counts steps since reset.
+    Two snapshots with equal ``state_key`` behave the same from then on: the same actions give
+    the same rewards, ``terminated`` flags, state keys and admissible actions, and the same
+    observations wherever the family's text is a function of its state (every family but
+    ALFWorld, whose text remembers facts made false); only the step cap, which counts steps
+    since reset, may end one earlier.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
@@ -355,7 +358,7 @@ class TextEnv(gym.Env[str, str]):
     def snapshot_identity(self) -> Hashable:
         """``(module.Class, max_episode_steps, the family's identity)``: what a snapshot must
         match to be restored here (see :meth:`restore`)."""
-        if self._snapshot_id is None:
+        if getattr(self, "_snapshot_id", None) is None:  # None: not yet computed
             self._snapshot_id = (
                 f"{type(self).__module__}.{type(self).__qualname__}",
                 self.max_episode_steps,
