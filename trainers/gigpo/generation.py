@@ -35,6 +35,11 @@ import torch
 
 #: Steps between looks at which rows finished (each look is one device-to-host sync).
 CHECK_EVERY = 16
+#: A compiled step's cache widths are rounded up to a multiple of this.
+WIDTH_STEP = 128
+#: Distinct input shapes a compiled step may be captured for (batch sizes x cache widths);
+#: torch's default (8) would fall back to eager after a few rounds of a rollout.
+RECOMPILE_LIMIT = 64
 
 
 def sample_next(
@@ -132,6 +137,10 @@ class StaticDecoder:
         if not use_compile or self._compile_failed:
             return self._forward
         if self._compiled is None:
+            for name in ("recompile_limit", "cache_size_limit"):  # renamed in torch 2.6
+                if hasattr(torch._dynamo.config, name):
+                    limit = max(getattr(torch._dynamo.config, name), RECOMPILE_LIMIT)
+                    setattr(torch._dynamo.config, name, limit)
             self._compiled = torch.compile(self._forward, mode="reduce-overhead", dynamic=False)
         return self._compiled
 
@@ -171,11 +180,22 @@ class StaticDecoder:
         log-probs. The model must be in eval mode (the caller's job, as for ``generate``).
         """
         device = next(self.model.parameters()).device
+        step_fn = self._step(device)
+        compiled = step_fn != self._forward  # bound methods: equal, never identical
         n = len(batch)
         width = max(len(p) for p in batch)
         total = width + max_new_tokens
-        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((n, total), dtype=torch.long)
+        if compiled:
+            # A compiled step is captured once per input shape: batch sizes are powers of two
+            # (filler rows start finished) and cache widths multiples of WIDTH_STEP, so
+            # rounds of different sizes reuse a few graphs.
+            n_rows = 1 << (n - 1).bit_length()
+            total = -(-total // WIDTH_STEP) * WIDTH_STEP
+        else:
+            n_rows = n
+        ids = torch.full((n_rows, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((n_rows, total), dtype=torch.long)
+        mask[n:, width - 1] = 1  # a filler row is one padding token (attention needs one key)
         for row, p in enumerate(batch):
             ids[row, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
             mask[row, width - len(p) : width] = 1
@@ -184,17 +204,17 @@ class StaticDecoder:
         next_pos = mask[:, :width].sum(dim=1, keepdim=True)  # (B, 1) position of the next token
         eos = torch.tensor(self.eos_ids, device=device)
 
-        tokens_out = torch.full((n, max_new_tokens), self.pad_id, dtype=torch.long, device=device)
-        logp_out = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
-        rows = torch.arange(n, device=device)  # original row of each live batch row
-        done = torch.zeros(n, dtype=torch.bool, device=device)
+        shape = (n_rows, max_new_tokens)
+        tokens_out = torch.full(shape, self.pad_id, dtype=torch.long, device=device)
+        logp_out = torch.zeros(shape, dtype=torch.float32, device=device)
+        rows = torch.arange(n_rows, device=device)  # original row of each batch row
+        done = rows >= n
         cache = self._new_cache(total)
         with autocast():
             logits = self._forward(
                 ids, mask[:, :width], positions, cache, torch.arange(width, device=device)
             )
         cache_position = torch.full((1,), width, dtype=torch.long, device=device)
-        step_fn = self._step(device)
         for t in range(max_new_tokens):
             tok, lp = sample_next(logits, temperature, top_p)
             # A finished row keeps sampling (like generate) but writes padding.
@@ -209,7 +229,11 @@ class StaticDecoder:
                 if live == 0:
                     break
                 if self.compact and live <= len(rows) // 2:
-                    keep = (~done).nonzero().squeeze(1)
+                    if compiled:  # exactly half: live rows first, finished ones as filler
+                        keep = torch.argsort(done.int(), stable=True)[: len(rows) // 2]
+                        keep = keep.sort().values
+                    else:
+                        keep = (~done).nonzero().squeeze(1)
                     self._compact_cache(cache, keep)
                     rows, done, tok = rows[keep], done[keep], tok[keep]
                     mask, next_pos = mask[keep], next_pos[keep]
@@ -227,7 +251,8 @@ class StaticDecoder:
         lengths = torch.where(
             ends.any(dim=1), first_end, torch.full_like(first_end, max_new_tokens)
         )
-        tok_l, lp_l, len_l = tokens_out.tolist(), logp_out.tolist(), lengths.tolist()
+        tok_l = tokens_out[:n].tolist()
+        lp_l, len_l = logp_out[:n].tolist(), lengths[:n].tolist()
         return (
             [tok_l[r][: len_l[r]] for r in range(n)],
             [lp_l[r][: len_l[r]] for r in range(n)],
@@ -242,7 +267,7 @@ class StaticDecoder:
         cache: Any,
         cache_position: torch.Tensor,
     ) -> torch.Tensor:
-        if step_fn is self._forward:
+        if step_fn == self._forward:
             return self._forward(tok, mask, positions, cache, cache_position)
         try:
             # Cloned: a CUDA-graph output is overwritten by the next replay.

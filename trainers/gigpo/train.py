@@ -29,7 +29,8 @@ Metric names (stable; "<type>" is ``info["task_type"]`` where the env reports on
 ``update/grad_norm``, ``update/approx_kl_old``, ``eval/success_rate``, ``eval/success_rate/<type>``,
 ``eval/return``, ``time/generate``, ``time/env``, ``time/advantage``, ``time/update``,
 ``time/eval``, ``time/iteration``, ``time/tokens_per_s`` (generated tokens per second of
-generation), plus ``iteration`` and ``samples`` (trajectories so far).
+generation), ``time/update_tokens_per_s`` (prompt + response tokens of the rows per second of
+update), plus ``iteration`` and ``samples`` (trajectories so far).
 
 The run folder (``out_dir``) holds one run: a new run refuses a folder that is not empty unless
 ``--overwrite``; ``--resume`` continues in place, rewriting ``metrics.jsonl`` (and purging
@@ -987,6 +988,9 @@ def train(config: Config) -> list[dict[str, Any]]:
             record["time/update"] = time.perf_counter() - t0
             record["time/iteration"] = time.perf_counter() - t_iter
             record["time/tokens_per_s"] = progress.tokens / max(batch.timings["generate"], 1e-9)
+            record["time/update_tokens_per_s"] = float(row_lengths(batch, all_rows).sum()) / max(
+                record["time/update"], 1e-9
+            )
             emit(record)
             if loud:
                 say(iteration_line(record, config.iterations))
