@@ -9,7 +9,11 @@ task from the same initial state.
 Run (no downloads: a tiny randomly initialised Qwen2 that knows the tool-call format but not
 the task, on the corridor env, on CPU)::
 
-    python examples/trl_environment_factory.py --max-steps 20
+    python examples/trl_environment_factory.py
+
+About three minutes on two CPU cores; the mean episode return (10 for a win) went from 1.3 over
+the first quarter of the episodes to 2.8 over the last (chance: 1.1). The tool-calling prompt
+is long for a model this small; ``examples/trl_rollout_func.py`` learns the corridor fully.
 
 With a real tool-calling model (a local folder or a hub name your machine can reach)::
 
@@ -198,11 +202,13 @@ def build(
     parser.add_argument("--env", default="AgentGym/Corridor-v0")
     parser.add_argument("--model", default="tiny", help="'tiny' (offline) or a model path/name")
     parser.add_argument("--num-tasks", type=int, default=64)
-    parser.add_argument("--num-generations", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=8, help="rollouts per step")
-    parser.add_argument("--max-steps", type=int, default=20)
+    parser.add_argument("--num-generations", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=16, help="rollouts per step")
+    parser.add_argument("--max-steps", type=int, default=60)
     parser.add_argument("--max-completion-length", type=int, default=256)
-    parser.add_argument("--max-tool-calls", type=int, default=6)
+    parser.add_argument(
+        "--max-tool-calls", type=int, default=None, help="default: 2 (tiny corridor), else 16"
+    )
     parser.add_argument("--lr", type=float, default=None)
     parser.add_argument("--output-dir", default="runs/trl_environment_factory")
     parser.add_argument("--seed", type=int, default=0)
@@ -227,8 +233,8 @@ def build(
         per_device_train_batch_size=args.batch_size,
         max_steps=args.max_steps,
         max_completion_length=args.max_completion_length,
-        max_tool_calling_iterations=args.max_tool_calls,
-        learning_rate=args.lr if args.lr is not None else (5e-3 if tiny else 1e-6),
+        max_tool_calling_iterations=args.max_tool_calls or (2 if tiny else 16),
+        learning_rate=args.lr if args.lr is not None else (3e-3 if tiny else 1e-6),
         beta=0.0,
         logging_steps=1,
         save_strategy="no",
