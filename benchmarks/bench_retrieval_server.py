@@ -38,11 +38,11 @@ with other work this is the steadier measure of what batching saves, since queri
 with how much CPU the scheduler hands the server), and the load generator's CPU use.
 
 Each server process gets ``--server-threads`` compute threads (OpenMP, BLAS, torch; default 1).
-With few cores shared by the servers, the load generator and anything else running, a
-multi-threaded single-query search stalls whenever one of its threads is descheduled (one query
-through the tiny encoder and FAISS was seen taking 110-150 ms with two threads on a busy
-two-core machine, 2.5 ms with one); one thread per server measures the servers, not the
-scheduler. ``--server-threads 0`` keeps the libraries' defaults.
+When the cores are shared (by the servers, the load generator and anything else running), a
+multi-threaded single-query search stalls whenever one of its threads is descheduled: one query
+through the tiny encoder and FAISS has been measured at 110-150 ms with two threads on two busy
+cores, against 2.5 ms with one. One thread per server measures the servers, not the scheduler;
+``--server-threads 0`` keeps the libraries' defaults.
 
 A table of response-encoding costs (FastAPI's default encoder vs ``json.dumps`` vs the server's
 cached-document encoder) comes with it.
