@@ -239,3 +239,27 @@ def test_gpu_iteration_benchmark_compares_both_paths_on_cpu(tmp_path):
     )
     # Same seed, same model: the first round's prompts are the same for both paths.
     assert ref["record"]["rollout/episode_length"] == fast["record"]["rollout/episode_length"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_resumed_run_on_cuda_samples_the_uninterrupted_rollout(tmp_path):
+    """Checkpoints carry the CUDA generators: resuming at iteration 2 on a GPU samples the
+    third rollout exactly as the run that went on (same weights, same random draws). The
+    update after it may differ in the last bits (nondeterministic CUDA reductions)."""
+    from trainers.gigpo.config import Config
+    from trainers.gigpo.train import STATE_FILE, train
+
+    def corridor(folder, **overrides):
+        return Config.for_env(
+            "AgentGym/Corridor-v0", out_dir=str(tmp_path / folder), progress=False,
+            tensorboard=False, plot=False, iterations=3, num_groups=2, group_size=4,
+            eval_every=0, checkpoint_every=1, seed=3, device="cuda", **overrides,
+        )  # fmt: skip
+
+    full = train(corridor("a"))
+    state = torch.load(tmp_path / "a" / "checkpoint-2" / STATE_FILE, weights_only=False)
+    assert state["cuda_rng"] and all(isinstance(s, torch.Tensor) for s in state["cuda_rng"])
+    resumed = train(corridor("a", resume=str(tmp_path / "a" / "checkpoint-2")))
+    rollout = [k for k in full[2] if k.startswith("rollout/") and k != "rollout/logprob_diff"]
+    assert rollout and {k: resumed[2][k] for k in rollout} == {k: full[2][k] for k in rollout}

@@ -40,6 +40,9 @@ WIDTH_STEP = 128
 #: Distinct input shapes a compiled step may be captured for (batch sizes x cache widths);
 #: torch's default (8) would fall back to eager after a few rounds of a rollout.
 RECOMPILE_LIMIT = 64
+#: With ``compile=None``, the step is compiled on CUDA when a call decodes at least this many
+#: tokens; shorter decodes cannot repay the compile time.
+COMPILE_MIN_NEW_TOKENS = 64
 
 
 def sample_next(
@@ -76,7 +79,7 @@ class StaticDecoder:
         eos_ids: tokens that end a response (kept in the output).
         pad_id: written after a row's end (never returned).
         compile: wrap the decode step in ``torch.compile(mode="reduce-overhead")`` (CUDA graphs).
-            None: on CUDA only. A step that fails to compile falls back to eager, once, with a
+            None: on CUDA, for decodes of at least :data:`COMPILE_MIN_NEW_TOKENS`. A step that fails to compile falls back to eager, once, with a
             warning.
         compact: drop finished rows from the batch (and its KV cache) as they end. Off, every
             row decodes to the longest response, as ``generate`` does.
@@ -132,8 +135,10 @@ class StaticDecoder:
             kwargs["cache_position"] = cache_position
         return self.model(**kwargs).logits[:, -1]
 
-    def _step(self, device: torch.device) -> Callable[..., torch.Tensor]:
-        use_compile = self.compile if self.compile is not None else device.type == "cuda"
+    def _step(self, device: torch.device, max_new_tokens: int) -> Callable[..., torch.Tensor]:
+        use_compile = self.compile
+        if use_compile is None:  # compiling takes tens of seconds: worth it for long decodes
+            use_compile = device.type == "cuda" and max_new_tokens >= COMPILE_MIN_NEW_TOKENS
         if not use_compile or self._compile_failed:
             return self._forward
         if self._compiled is None:
@@ -180,7 +185,7 @@ class StaticDecoder:
         log-probs. The model must be in eval mode (the caller's job, as for ``generate``).
         """
         device = next(self.model.parameters()).device
-        step_fn = self._step(device)
+        step_fn = self._step(device, max_new_tokens)
         compiled = step_fn != self._forward  # bound methods: equal, never identical
         n = len(batch)
         width = max(len(p) for p in batch)
