@@ -66,8 +66,9 @@ def tiny_tool_model(
     The tokenizer is word-level but keeps whitespace as tokens (so decoding is exact, which
     TRL's tool-call parser needs), uses Qwen2.5's chat template, and makes each complete
     ``<tool_call>`` of an action the env accepts one token. A short supervised warm-up teaches
-    the random model the *format* (one tool call, then ``<|im_end|>``) with uniformly random
-    actions, so it calls tools from the first GRPO step without knowing which action is right.
+    the random model the *format* (one tool call, then ``<|im_end|>``) with actions drawn
+    uniformly from those a fresh episode admits, so it calls tools from the first GRPO step
+    without knowing which action is right.
     """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -79,10 +80,11 @@ def tiny_tool_model(
     rng = random.Random(seed)
     dataset = build_dataset(env_id, 8, seed=10_000 + seed, env_kwargs=env_kwargs)
     env = AgentGymEnvironment(env_id, env_kwargs)
-    conversations, actions = [], set()
+    conversations, actions, first_actions = [], set(), set()
     for row in dataset:
         messages = [{**row["prompt"][0]}]
         messages[0]["content"] += env.reset(**row)
+        first_actions.update(env.info.get("admissible_actions") or ["look"])
         for _ in range(6):
             admissible = env.info.get("admissible_actions") or ["look"]
             actions.update(admissible)
@@ -132,7 +134,7 @@ def tiny_tool_model(
     tokenizer.chat_template = qwen2_5_chat_template
     model = build_model(tokenizer, seed=seed)
 
-    # Format warm-up: after any prompt, one uniformly random tool call, then <|im_end|>.
+    # Format warm-up: after any prompt, one uniformly drawn tool call, then <|im_end|>.
     contexts = []
     for c in conversations:
         for cut in range(1, len(c) + 1, 2):  # the prompt, then after each tool response
@@ -145,7 +147,9 @@ def tiny_tool_model(
             )
             # the format depends on the last turn only: short contexts make the warm-up cheap
             contexts.append(list(ids)[-24:])
-    targets = [[c, tokenizer.eos_token_id] for c in tokenizer.convert_tokens_to_ids(calls)]
+    # the calls a fresh episode admits (the corridor's doors, not `back`)
+    openers = tokenizer.convert_tokens_to_ids([tool_call_text(a) for a in sorted(first_actions)])
+    targets = [[c, tokenizer.eos_token_id] for c in openers]
     warm_up_format(model, tokenizer, contexts, targets, steps=warmup_steps, seed=seed)
     return model, tokenizer
 

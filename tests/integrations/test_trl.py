@@ -178,7 +178,7 @@ def test_environment_factory_trains_on_env_rewards(tmp_path, one_thread):
     """TRL's GRPOTrainer drives the env through tool calls; its logged rewards are the env's."""
     example = _example("trl_environment_factory")
     recorder = _Recorder()
-    steps = 2
+    steps = 3
     trainer, factory = example.build(
         ["--max-steps", str(steps), "--num-tasks", "8", *SMALL, "--output-dir", str(tmp_path)],
         callbacks=[recorder],
