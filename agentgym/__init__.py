@@ -17,7 +17,14 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-from agentgym.core import INFO_KEYS, TEXT_CHARSET, TextEnv
+from agentgym.core import (
+    INFO_KEYS,
+    TEXT_CHARSET,
+    EnvSnapshot,
+    ResetOptionError,
+    SnapshotMismatch,
+    TextEnv,
+)
 from agentgym.envs import ENTRIES, EnvEntry, entry
 from agentgym.wrappers.group import GroupVectorEnv, Step, Trajectory, vector_entry_point
 
@@ -27,6 +34,9 @@ __all__ = [
     "INFO_KEYS",
     "TEXT_CHARSET",
     "TextEnv",
+    "EnvSnapshot",
+    "SnapshotMismatch",
+    "ResetOptionError",
     "ENTRIES",
     "EnvEntry",
     "entry",
