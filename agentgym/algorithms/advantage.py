@@ -43,6 +43,7 @@ Estimators are registered by name (``@register_advantage("gigpo")``) and chosen 
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -176,6 +177,8 @@ class AdvantageBatch:
         state_keys: Sequence[Hashable] | np.ndarray | None,
         invalid: Any,
         config: AdvantageConfig,
+        branch_ids: Any = None,
+        contributions: Any = None,
     ) -> None:
         group_ids = _int_rows("group_ids", group_ids)
         n = self.n = group_ids.shape[0]
@@ -183,6 +186,18 @@ class AdvantageBatch:
         step_ids = _int_rows("step_ids", step_ids, n)
         self.rewards = _rows("rewards", rewards, n, np.float64)
         self.penalty = config.invalid_penalty * _rows("invalid", invalid, n, np.bool_)
+        # SLATE's branch groups (-1: the row is not a branch-step sample) and CW-GRPO's judge
+        # contributions; both optional, validated here so every estimator sees checked rows.
+        self.branch_ids: np.ndarray | None = None
+        if branch_ids is not None:
+            self.branch_ids = _int_rows("branch_ids", branch_ids, n)
+            if self.branch_ids.size and int(self.branch_ids.min()) < -1:
+                raise ValueError("branch_ids must be >= 0, or -1 for rows outside any branch group")
+        self.contributions: np.ndarray | None = None
+        if contributions is not None:
+            self.contributions = _rows("contributions", contributions, n, np.float64)
+            if not ((self.contributions >= 0.0) & (self.contributions <= 1.0)).all():
+                raise ValueError("contributions must be judge scores in [0, 1]")
         self.group_code, self.num_groups = _int_codes(group_ids)
         state_code = None
         if state_keys is not None:
@@ -362,11 +377,14 @@ def compute_advantage(
     invalid_penalty: float = 0.1,
     episode_stats_over: EpisodeStatsOver = "trajectories",
     epsilon: float = EPSILON,
+    branch_ids: Any = None,
+    contributions: Any = None,
 ) -> AdvantageResult:
     """Advantages for a batch of flat rows, one row per (trajectory, step), rows in any order.
 
     Args:
-        name: registered estimator, ``"gigpo"`` or ``"grpo"`` (see :func:`available_advantages`).
+        name: registered estimator: ``"gigpo"``, ``"grpo"``, ``"rloo"``, ``"slate"`` or
+            ``"cw_grpo"`` (see :func:`available_advantages`).
         group_ids: int (N,): the group of the row; all trajectories of a group start from the
             same task and state.
         traj_ids: int (N,): the trajectory of the row (unique within its group at least).
@@ -382,6 +400,11 @@ def compute_advantage(
         invalid_penalty: subtracted from an invalid step's scores (see the module docstring).
         episode_stats_over: ``"trajectories"`` (paper) or ``"steps"`` (verl-agent default).
         epsilon: added to the std in ``mean_std_norm``.
+        branch_ids: int (N,), SLATE only: the branch group of a row taken at a branch point
+            (the k sibling continuations of one prefix share it, and act from the same
+            snapshot), -1 for rows that are not branch-step samples.
+        contributions: float (N,) in [0, 1], CW-GRPO only: the judge's contribution score of
+            each round (see :mod:`agentgym.algorithms.judges`).
 
     Returns:
         :class:`AdvantageResult`; ``advantages`` float32 (N,) in the caller's row order.
@@ -418,6 +441,8 @@ def compute_advantage(
         state_keys=state_keys,
         invalid=invalid,
         config=config,
+        branch_ids=branch_ids,
+        contributions=contributions,
     )
     return _ESTIMATORS[name](batch, config)
 
@@ -519,6 +544,138 @@ def grpo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
     ``norm="mean_std_norm"`` for that; ``"mean_norm"`` is Dr. GRPO's variant.
     """
     a_episode = episode_advantage(batch, config)
+    return AdvantageResult(
+        advantages=a_episode.astype(np.float32),
+        returns=batch.returns,
+        episode_advantage=a_episode,
+        step_advantage=np.zeros(batch.n),
+        stats=step_group_stats(batch.step_group_count(), batch.n),
+    )
+
+
+@register_advantage("rloo")
+def rloo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
+    """RLOO (REINFORCE leave-one-out, Ahmadian et al. 2024, Eq. 2 of Kool et al. 2019).
+
+    With K trajectories in a group, trajectory i's baseline is the mean outcome of the *other*
+    K - 1: ``A_i = R_i - 1/(K-1) sum_{j != i} R_j = K/(K-1) (R_i - mean_j R_j)``, unbiased
+    because the baseline does not depend on trajectory i. Every step row of the trajectory
+    gets ``A_i`` less its own invalid-action penalty (the same per-row charge as GRPO).
+    ``norm="mean_std_norm"`` divides by the group's sample std of ``R`` + epsilon. A group of
+    one trajectory has no other trajectory: its baseline is 0 (the advantage is ``R_i``).
+    ``episode_stats_over`` does not apply (the baseline is over trajectories by definition).
+    """
+    num, traj_group, ret = batch.num_groups, batch.traj_group, batch.episode_return
+    used = batch.traj_length > 0
+    count = np.bincount(traj_group, weights=used, minlength=num)
+    total = np.bincount(traj_group, weights=ret * used, minlength=num)
+    k = count[traj_group]  # (T,) trajectories in each trajectory's group
+    # Leave-one-out mean: (sum - own) / (K - 1); with K == 1 the baseline is 0.
+    baseline = np.where(k > 1, (total[traj_group] - ret) / np.maximum(k - 1, 1), 0.0)
+    centred = ret - baseline
+    if config.norm == "mean_std_norm":
+        mean = total / np.maximum(count, 1)
+        dev = (ret - mean[traj_group]) * used
+        std = np.sqrt(
+            np.bincount(traj_group, weights=dev * dev, minlength=num) / np.maximum(count - 1, 1)
+        )
+        std[count <= 1] = 1.0
+        centred = centred / (std[traj_group] + config.epsilon)
+    a_episode = centred[batch.traj_code] - batch.penalty
+    return AdvantageResult(
+        advantages=a_episode.astype(np.float32),
+        returns=batch.returns,
+        episode_advantage=a_episode,
+        step_advantage=np.zeros(batch.n),
+        stats=step_group_stats(batch.step_group_count(), batch.n),
+    )
+
+
+@register_advantage("slate")
+def slate(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
+    """SLATE's truncated step-level sampling (arXiv 2602.23440): advantages within branch groups.
+
+    A branch group is k continuations that share a prefix and differ from the branch step on;
+    their branch-step rows act from one state (one snapshot). The sample of continuation i is
+    its branch-step action, scored by the discounted return from that step (Eq. 5, less the
+    row's invalid-action penalty) and compared with its siblings only:
+    ``A_i = G_i - mean_{j in branch} G_j`` (divided by the siblings' std + epsilon with
+    ``mean_std_norm``). Everything before the branch step is shared, so it cancels out of the
+    comparison: this is what removes the variance of the other T - 1 steps. Rows that are not
+    branch-step samples (``branch_ids == -1``: the continuations that only measure the return)
+    get advantage 0, and so does a branch group of one. The root group (k rollouts from the
+    reset state) is the branch group at step 0 when the caller marks it so.
+    """
+    if batch.branch_ids is None:
+        raise ValueError(
+            "slate needs branch_ids: the branch group of every branch-step row, -1 elsewhere "
+            "(the trainer's --rollout tree provides them)"
+        )
+    value = batch.returns - batch.penalty
+    member = batch.branch_ids >= 0
+    codes, num = _int_codes(batch.branch_ids[member])
+    a_step = np.zeros(batch.n)
+    if num:
+        vals = value[member]
+        count = np.bincount(codes, minlength=num)
+        mean = np.bincount(codes, weights=vals, minlength=num) / np.maximum(count, 1)
+        centred = vals - mean[codes]
+        if config.norm == "mean_std_norm":
+            centred = centred / (_std(codes, vals, mean, count)[codes] + config.epsilon)
+        # A group of one has mean equal to its value (exact), so its advantage is already 0.
+        a_step[member] = centred
+    return AdvantageResult(
+        advantages=a_step.astype(np.float32),
+        returns=batch.returns,
+        episode_advantage=np.zeros(batch.n),
+        step_advantage=a_step,
+        stats=step_group_stats(batch.step_group_count(), batch.n),
+    )
+
+
+@register_advantage("cw_grpo")
+def cw_grpo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
+    """CW-GRPO (contribution-weighted GRPO): a judge's per-round scores rescale GRPO's credit.
+
+    GRPO gives every round t of trajectory i the same episode advantage ``A_i`` (Eq. 3). A judge
+    scores each round's contribution ``c_{i,t}`` in [0, 1] (did the round retrieve useful
+    evidence, make progress). The weights spread the trajectory's credit over its T_i rounds
+    in proportion to the contributions, keeping their mean at 1 so the trajectory's total
+    credit ``sum_t A_{i,t} = T_i A_i`` is unchanged:
+
+    * ``A_i >= 0``: ``w_{i,t} = T_i c_{i,t} / sum_s c_{i,s}`` (the rounds that helped get the
+      credit);
+    * ``A_i < 0``: ``w_{i,t} = T_i (1 - c_{i,t}) / sum_s (1 - c_{i,s})`` (the blame goes to the
+      rounds that did not help, not to a round that found the evidence);
+    * all-equal contributions (including all 0 or all 1) give ``w = 1``: plain GRPO.
+
+    ``A_{i,t} = w_{i,t} A_i - p_{i,t}``: ``A_i`` is computed from the outcomes without
+    penalties, and the row's invalid-action penalty ``p`` is charged to that round only, unscaled
+    (so weighting never amplifies or hides it). Row ``contributions`` are required.
+    """
+    if batch.contributions is None:
+        raise ValueError(
+            "cw_grpo needs contributions: a judge score in [0, 1] per row "
+            "(see agentgym.algorithms.judges)"
+        )
+    # A_i: GRPO's episode advantage of the trajectory's outcome, before any per-row penalty
+    # (a shallow copy with zero penalties shares every array but that one).
+    clean = copy.copy(batch)
+    clean.penalty = np.zeros(batch.n)
+    a_traj = episode_advantage(clean, config)
+    c = batch.contributions
+    weight_of = np.where(a_traj >= 0.0, c, 1.0 - c)
+    tcode, num = batch.traj_code, batch.num_trajs
+    total = np.bincount(tcode, weights=weight_of, minlength=num)[tcode]
+    # Equal contributions within a trajectory mean no preference: weight 1 (GRPO). The total is
+    # then T_i * c (or 0), so testing "all equal" is testing max == min per trajectory.
+    cmax = np.full(num, -np.inf)
+    cmin = np.full(num, np.inf)
+    np.maximum.at(cmax, tcode, c)
+    np.minimum.at(cmin, tcode, c)
+    flat = (cmax == cmin)[tcode] | (total <= 0.0)
+    weight = np.where(flat, 1.0, batch.row_length * weight_of / np.where(flat, 1.0, total))
+    a_episode = weight * a_traj - batch.penalty
     return AdvantageResult(
         advantages=a_episode.astype(np.float32),
         returns=batch.returns,

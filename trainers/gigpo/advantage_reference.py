@@ -53,13 +53,15 @@ def reference_advantage(
     invalid_penalty: float = 0.1,
     episode_stats_over: str = "trajectories",
     epsilon: float = 1e-6,
+    branch_ids: Sequence[int] | None = None,
+    contributions: Sequence[float] | None = None,
 ) -> dict[str, list[float]]:
     """Loop implementation of ``compute_advantage``; same arguments, one row per (trajectory, step).
 
     Returns a dict of lists of length N: ``advantages``, ``returns``, ``episode_advantage``,
     ``step_advantage``, and ``step_group_sizes`` (the size of every step group, any order).
     """
-    if name not in ("grpo", "gigpo"):
+    if name not in ("grpo", "gigpo", "rloo", "slate", "cw_grpo"):
         raise ValueError(f"unknown estimator {name!r}")
     n = len(rewards)
     penalty = [invalid_penalty if bool(invalid[i]) else 0.0 for i in range(n)]
@@ -130,7 +132,72 @@ def reference_advantage(
                 else:
                     step_advantage[i] = (value - mean) / (std + epsilon)
 
-    if name == "grpo":
+    if name == "rloo":
+        # Leave-one-out: each trajectory's baseline is the mean outcome of the others.
+        outcomes: dict[int, dict[tuple[int, int], float]] = {}
+        for key in trajectories:
+            outcomes.setdefault(key[0], {})[key] = episode_return[key]
+        loo: dict[tuple[int, int], float] = {}
+        for members_by_key in outcomes.values():
+            values = list(members_by_key.values())
+            scale = 1.0
+            if norm == "mean_std_norm":
+                scale = 1.0 / ((_mean_std(values)[1] if len(values) > 1 else 1.0) + epsilon)
+            for key, own in members_by_key.items():
+                others = [v for k, v in members_by_key.items() if k != key]
+                baseline = sum(others) / len(others) if others else 0.0
+                loo[key] = (own - baseline) * scale
+        advantages = [loo[(int(group_ids[i]), int(traj_ids[i]))] - penalty[i] for i in range(n)]
+        episode_advantage, step_advantage = list(advantages), [0.0] * n
+    elif name == "slate":
+        # Branch groups: the siblings' branch-step rows, compared on their penalised returns.
+        if branch_ids is None:
+            raise ValueError("slate needs branch_ids")
+        branches: dict[int, list[int]] = {}
+        for i in range(n):
+            if int(branch_ids[i]) >= 0:
+                branches.setdefault(int(branch_ids[i]), []).append(i)
+        step_advantage = [0.0] * n
+        for members in branches.values():
+            if len(members) == 1:
+                continue
+            values = [returns[i] - penalty[i] for i in members]
+            mean, std = _mean_std(values)
+            for i, value in zip(members, values, strict=True):
+                centred = value - mean
+                step_advantage[i] = centred if norm == "mean_norm" else centred / (std + epsilon)
+        advantages, episode_advantage = list(step_advantage), [0.0] * n
+    elif name == "cw_grpo":
+        if contributions is None:
+            raise ValueError("cw_grpo needs contributions")
+        # A_i from the penalty-free outcomes (the GRPO statistics of Eq. 3 without penalties).
+        clean = reference_advantage(
+            "grpo",
+            group_ids=group_ids,
+            traj_ids=traj_ids,
+            step_ids=step_ids,
+            rewards=rewards,
+            state_keys=None,
+            invalid=[False] * n,
+            gamma=gamma,
+            norm=norm,
+            episode_stats_over=episode_stats_over,
+            epsilon=epsilon,
+        )["advantages"]
+        advantages = [0.0] * n
+        for rows in trajectories.values():
+            members = [i for _, i in rows]
+            a_traj = clean[members[0]]
+            scores = [float(contributions[i]) for i in members]
+            if a_traj < 0:
+                scores = [1.0 - c for c in scores]
+            total = sum(scores)
+            equal = max(scores) == min(scores)
+            for i, c in zip(members, scores, strict=True):
+                weight = 1.0 if equal or total <= 0 else len(members) * c / total
+                advantages[i] = weight * a_traj - penalty[i]
+        episode_advantage, step_advantage = list(advantages), [0.0] * n
+    elif name == "grpo":
         step_advantage = [0.0] * n
         advantages = list(episode_advantage)
     else:
