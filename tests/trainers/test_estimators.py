@@ -10,12 +10,22 @@ CW-GRPO's weights keep each trajectory's total credit equal to GRPO's.
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import agentgym  # noqa: F401 - registers the env ids
 from agentgym.algorithms.advantage import available_advantages, compute_advantage
+from agentgym.algorithms.judges import (
+    DEFAULT_JUDGE_TEMPLATE,
+    LLMJudge,
+    ProgressJudge,
+    SearchQAJudge,
+    row_contributions,
+)
+from agentgym.wrappers.group import Step, Trajectory
 from trainers.gigpo.advantage_reference import reference_advantage
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -220,3 +230,126 @@ def test_cw_grpo_rejects_bad_contributions():
         compute_advantage("cw_grpo", **base, invalid=[False])
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         compute_advantage("cw_grpo", **base, invalid=[False], contributions=[1.5])
+
+
+# --- Judges ----------------------------------------------------------------------------------
+
+
+def play(env, actions_or_policy, max_steps: int = 20, **reset_kwargs) -> Trajectory:
+    """One real episode as a Trajectory (Step.state_key: the state the action was taken from)."""
+    obs, info = env.reset(**reset_kwargs)
+    traj = Trajectory(group_id=0, traj_id=0, task_id=str(info.get("task_id")))
+    for t in range(max_steps):
+        if callable(actions_or_policy):
+            action = actions_or_policy(obs, info)
+        elif t < len(actions_or_policy):
+            action = actions_or_policy[t]
+        else:
+            break
+        key = info["state_key"]
+        next_obs, reward, terminated, truncated, next_info = env.step(action)
+        traj.steps.append(
+            Step(obs, action, float(reward), key, bool(next_info["action_valid"]), next_info)
+        )
+        obs, info = next_obs, next_info
+        if terminated or truncated:
+            break
+    return traj
+
+
+def test_progress_judge_scores_the_rounds_that_advance_a_room():
+    env = gym.make("AgentGym/Corridor-v0", length=3, num_doors=3)
+    right = env.unwrapped.layout(4)
+    doors = env.unwrapped.doors
+    wrong = doors[(right[1] + 1) % 3]
+    # right door, wrong door, back, an invalid word, right door, right door (the goal)
+    actions = [doors[right[0]], wrong, "back", "jump", doors[right[1]], doors[right[2]]]
+    traj = play(env, actions, options={"task": 4})
+    assert traj.steps[-1].info["won"]
+    scores = ProgressJudge()([traj])[0]
+    np.testing.assert_array_equal(scores, [1, 0, 0, 0, 1, 1])
+    # CW-GRPO over a group with a losing trajectory: the winner's credit goes to its 3 advancing
+    # rounds only (weights 6/3 = 2), and the rows that did not advance get none of it.
+    loser = play(env, [wrong if right[0] != doors.index(wrong) else doors[right[0] - 1]] * 2,
+                 options={"task": 4})  # fmt: skip
+    loser.traj_id = 1
+    trajs = [traj, loser]
+    contrib = row_contributions(trajs, ProgressJudge())
+    a = compute_advantage(
+        "cw_grpo",
+        group_ids=[0] * len(contrib),
+        traj_ids=[tr.traj_id for tr in trajs for _ in tr.steps],
+        step_ids=[t for tr in trajs for t in range(len(tr.steps))],
+        rewards=[s.reward for tr in trajs for s in tr.steps],
+        state_keys=None,
+        invalid=[not s.action_valid for tr in trajs for s in tr.steps],
+        invalid_penalty=0.0,
+        contributions=contrib,
+    ).advantages
+    winner_a = 10.0 / 2  # outcomes 10 and 0
+    np.testing.assert_allclose(a[:6], winner_a * 2 * scores, atol=1e-5)
+
+
+def test_searchqa_judge_credits_the_search_that_found_the_answer():
+    from agentgym.envs.searchqa import ScriptedSearchPolicy
+    from agentgym.envs.searchqa.synthetic import knowledge_base
+
+    env = gym.make("AgentGym/SearchQA-Synthetic-v0")
+    policy = ScriptedSearchPolicy()
+    texts = {p["id"]: p["contents"] for p in knowledge_base(0).passages}
+    judged = 0
+    for task in range(6):
+        traj = play(env, lambda o, i: policy.act(0, o, i), seed=task)
+        scores = SearchQAJudge(texts)([traj])[0]
+        assert scores.shape == (len(traj.steps),)
+        last = traj.steps[-1].info
+        if "golden_answers" not in last:
+            continue
+        judged += 1
+        assert scores[-1] == pytest.approx(last["f1"])
+        # A search scores 1 exactly when a passage it newly retrieved holds a golden answer.
+        from agentgym.envs.searchqa.qa import normalize_answer
+
+        gold = [normalize_answer(g) for g in last["golden_answers"]]
+        for t, step in enumerate(traj.steps[:-1]):
+            new = step.info["state_key"][1] - step.state_key[1]
+            holds = any(g in normalize_answer(texts[d]) for d in new for g in gold)
+            assert scores[t] == float(holds)
+        if last["won"]:  # the scripted policy found the answer: some search held it
+            assert scores[:-1].max() == 1.0 or len(traj.steps) == 1
+    assert judged >= 3
+
+
+def test_llm_judge_tiny_qwen_is_batched_and_probabilistic():
+    torch = pytest.importorskip("torch")
+    from trainers.gigpo.tiny import build_model, build_tokenizer
+
+    env = gym.make("AgentGym/Corridor-v0", length=3, num_doors=3)
+    trajs = [play(env, ["red", "back", "blue", "green"], options={"task": t}) for t in range(3)]
+    texts = [DEFAULT_JUDGE_TEMPLATE] + [s.observation for tr in trajs for s in tr.steps]
+    tokenizer = build_tokenizer(texts + ["yes no red blue green back"])
+    model = build_model(tokenizer, seed=3).eval()
+    one = LLMJudge(model, tokenizer, batch_size=1)(trajs)
+    many = LLMJudge(model, tokenizer, batch_size=8)(trajs)
+    for a, b, tr in zip(one, many, trajs, strict=True):
+        assert a.shape == (len(tr.steps),)
+        np.testing.assert_allclose(a, b, atol=1e-5)  # padding does not change a prompt's score
+        assert ((a > 0) & (a < 1)).all()
+    # The score is the softmax over the yes/no logits of the prompt's next token.
+    judge = LLMJudge(model, tokenizer)
+    prompt = judge.prompts(trajs[:1])[0]
+    assert "red" in prompt and trajs[0].steps[1].observation in prompt
+    with torch.inference_mode():
+        logits = model(**tokenizer([prompt], return_tensors="pt")).logits[0, -1]
+    expected = torch.softmax(logits[[judge.yes_id, judge.no_id]], 0)[0].item()
+    assert one[0][0] == pytest.approx(expected, abs=1e-5)
+
+
+def test_judge_output_is_checked():
+    class Broken(ProgressJudge):
+        def score(self, trajectories):
+            return [np.full(len(t.steps), 2.0) for t in trajectories]
+
+    env = gym.make("AgentGym/Corridor-v0")
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        Broken()([play(env, ["red"], options={"task": 0})])
