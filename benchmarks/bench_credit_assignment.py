@@ -1,0 +1,249 @@
+"""Advantage variance of branching (SLATE) vs full-trajectory groups on the corridor, measured.
+
+SLATE (truncated step-level sampling) draws the k samples of a group from one shared prefix, so
+they differ only at the step being judged; a full-trajectory group (GRPO) draws k whole
+episodes, and every step's advantage carries the noise of every other step. Under a dense
+per-step reward the paper proves the variance of the advantage estimate drops by up to a
+factor of T for T-step trajectories. This benchmark measures that factor instead of quoting it.
+
+Setup (no model: a fixed stochastic policy): ``AgentGym/Corridor-v0`` (``--length`` rooms,
+``--doors`` doors), one layout; in a room the policy takes the right door with probability
+``--p-right`` (else a wrong one), in a dead end it says ``back`` with probability 0.9 (else an
+invalid word). The dense reward of a step is the rule judge's score
+(:class:`agentgym.algorithms.judges.ProgressJudge`: 1 when the step advanced a room). Per group
+of ``k`` samples and over ``--groups`` seeds:
+
+* ``full``: k episodes from the reset state; the advantage of step t of episode i is
+  ``sum_s r_s(i) - mean_j sum_s r_s(j)`` (GRPO under the dense reward);
+* ``truncated``: one episode picks a branch step t uniformly; the env is restored k times from
+  its snapshot at t (``env.unwrapped.snapshot()/restore()``), each takes one action; the
+  advantage is ``r_t(i) - mean_j r_t(j)`` (SLATE);
+* ``tree``: as ``truncated``, but each continuation plays on to the end and the advantage
+  compares the continuations' returns from t (``compute_advantage("slate")``, what the
+  trainer's ``--rollout tree`` trains on when no dense judge is at hand).
+
+The variance of an estimate is pooled within-cell variance, the cells being the state the
+estimate is for (the quantity the paper's proof bounds: over the step's action and everything
+else), and also (state, action) (the noise in the credit one given action gets: with a
+deterministic step reward, truncated sampling leaves only the siblings' baseline noise). The
+prediction is the paper's bound T (the mean episode length) and the factor its proof gives under
+independent steps, ``sum_t Var(r_t) / Var(r at the branch step)`` from measured per-step
+variances. Writes ``benchmarks/results/credit_variance.json``; medians over ``--repeats``
+independent repeats.
+
+    python benchmarks/bench_credit_assignment.py variance          # ~1 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+from tqdm import tqdm
+
+import agentgym  # noqa: F401 - registers the env ids
+from agentgym.algorithms.advantage import compute_advantage
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TASK = 7
+
+
+class Policy:
+    """The fixed stochastic corridor policy (reads the right door from the env's layout)."""
+
+    def __init__(self, env: gym.Env, p_right: float) -> None:
+        self.inner = env.unwrapped
+        self.right = self.inner.layout(TASK)
+        self.p_right = p_right
+
+    def __call__(self, info: dict, rng: np.random.Generator) -> str:
+        doors = self.inner.doors
+        if info["state_key"][3]:  # dead end
+            return "back" if rng.random() < 0.9 else "jump"
+        room = info["state_key"][2]
+        if rng.random() < self.p_right:
+            return doors[self.right[room]]
+        wrong = [d for i, d in enumerate(doors) if i != self.right[room]]
+        return wrong[int(rng.integers(len(wrong)))]
+
+
+def episode(env, policy, rng, info, max_steps: int = 100) -> list[tuple]:
+    """Play from the env's current state: [(state_key, action, dense reward, env reward)]."""
+    out, score = [], info["score"]
+    for _ in range(max_steps):
+        action = policy(info, rng)
+        key = info["state_key"]
+        _, reward, terminated, truncated, info = env.step(action)
+        out.append((key, action, float(info["score"] > score), float(reward)))
+        score = max(score, info["score"])
+        if terminated or truncated:
+            break
+    return out
+
+
+def pooled_variance(cells: dict) -> float:
+    """Mean within-(state, action) variance, weighted by the cell's degrees of freedom."""
+    num = den = 0.0
+    for values in cells.values():
+        if len(values) > 1:
+            num += np.var(values, ddof=1) * (len(values) - 1)
+            den += len(values) - 1
+    return num / den if den else float("nan")
+
+
+def measure_variance(args: argparse.Namespace, seed: int) -> dict:
+    env = gym.make("AgentGym/Corridor-v0", length=args.length, num_doors=args.doors)
+    policy = Policy(env, args.p_right)
+    rng = np.random.default_rng(seed)
+    cells: dict[str, dict] = {m: defaultdict(list) for m in ("full", "truncated", "tree")}
+    # The same estimates keyed by state only: the variance the paper's proof bounds (over the
+    # step's action and everything else), beside the noise a given action's credit carries.
+    by_state: dict[str, dict] = {m: defaultdict(list) for m in cells}
+    per_step_rewards: dict[tuple, list[float]] = defaultdict(list)
+    lengths, steps_used = [], {m: 0 for m in cells}
+    full_paths, branch_states = [], []
+    for _ in tqdm(range(args.groups), desc=f"variance seed {seed}", leave=False):
+        # Full-trajectory group.
+        group = []
+        for _ in range(args.k):
+            _, info = env.reset(options={"task": TASK})
+            group.append(episode(env, policy, rng, info))
+        totals = np.array([sum(r for _, _, r, _ in ep) for ep in group])
+        adv = totals - totals.mean()
+        for ep, a in zip(group, adv, strict=True):
+            lengths.append(len(ep))
+            full_paths.append([key for key, _, _, _ in ep])
+            steps_used["full"] += len(ep)
+            for key, action, r, _ in ep:
+                cells["full"][(key, action)].append(a)
+                by_state["full"][key].append(a)
+                per_step_rewards[key].append(r)
+        # Branch group: a prefix, then k siblings from its snapshot.
+        _, info = env.reset(options={"task": TASK})
+        terminated = truncated = False
+        prefix_len = int(rng.integers(max(1, int(np.mean(lengths[-args.k :])))))
+        for _ in range(prefix_len):
+            _, _, terminated, truncated, info = env.step(policy(info, rng))
+            if terminated or truncated:
+                break
+        if info["won"] or terminated or truncated:
+            continue
+        snap, branch_info = env.unwrapped.snapshot(), info
+        branch_states.append(info["state_key"])
+        one_step, tree = [], []
+        for _ in range(args.k):
+            env.unwrapped.restore(snap)
+            tree.append(episode(env, policy, rng, branch_info))
+            one_step.append(tree[-1][0])
+        steps_used["truncated"] += args.k
+        steps_used["tree"] += sum(len(ep) for ep in tree)
+        r_t = np.array([r for _, _, r, _ in one_step])
+        for (key, action, _, _), a in zip(one_step, r_t - r_t.mean(), strict=True):
+            cells["truncated"][(key, action)].append(a)
+            by_state["truncated"][key].append(a)
+        # The tree estimator on the same continuations: dense rewards, gamma 1, branch rows.
+        rows = [(i, t, r) for i, ep in enumerate(tree) for t, (_, _, r, _) in enumerate(ep)]
+        result = compute_advantage(
+            "slate",
+            group_ids=[0] * len(rows),
+            traj_ids=[i for i, _, _ in rows],
+            step_ids=[t for _, t, _ in rows],
+            rewards=[r for _, _, r in rows],
+            state_keys=None,
+            invalid=[False] * len(rows),
+            gamma=1.0,
+            branch_ids=[0 if t == 0 else -1 for _, t, _ in rows],
+        )
+        first = [j for j, (_, t, _) in enumerate(rows) if t == 0]
+        for (key, action, _, _), j in zip(one_step, first, strict=True):
+            cells["tree"][(key, action)].append(float(result.advantages[j]))
+            by_state["tree"][key].append(float(result.advantages[j]))
+    var = {m: pooled_variance(c) for m, c in by_state.items()}
+    var_given_action = {m: pooled_variance(c) for m, c in cells.items()}
+    # The proof's factor under independent steps: the full return's variance is the sum of
+    # the per-step variances; the truncated one is one step's (averaged over visited states).
+    state_var = {key: float(np.var(v, ddof=1)) for key, v in per_step_rewards.items() if len(v) > 1}
+    mean_len = float(np.mean(lengths))
+    sum_var_full = np.mean([sum(state_var.get(key, 0.0) for key in path) for path in full_paths])
+    var_branch = np.mean([state_var.get(key, 0.0) for key in branch_states])
+    return {
+        "seed": seed,
+        "variance": var,
+        "ratio_full_over_truncated": var["full"] / var["truncated"],
+        "ratio_full_over_tree": var["full"] / var["tree"],
+        "variance_given_action": var_given_action,
+        "ratio_given_action_full_over_truncated": var_given_action["full"]
+        / var_given_action["truncated"],
+        "ratio_given_action_full_over_tree": var_given_action["full"] / var_given_action["tree"],
+        "mean_episode_length": mean_len,
+        "predicted_bound_T": mean_len,
+        "predicted_independent_steps": float(sum_var_full / var_branch),
+        "env_steps": steps_used,
+    }
+
+
+def run_variance(args: argparse.Namespace) -> dict:
+    t0 = time.perf_counter()
+    runs = [measure_variance(args, seed) for seed in range(args.repeats)]
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in runs)
+
+    summary = {
+        "median_variance": {
+            m: statistics.median(r["variance"][m] for r in runs) for m in runs[0]["variance"]
+        },
+        "median_ratio_full_over_truncated": med("ratio_full_over_truncated"),
+        "median_ratio_full_over_tree": med("ratio_full_over_tree"),
+        "median_ratio_given_action_full_over_truncated": med(
+            "ratio_given_action_full_over_truncated"
+        ),
+        "median_ratio_given_action_full_over_tree": med("ratio_given_action_full_over_tree"),
+        "median_episode_length_T": med("mean_episode_length"),
+        "median_predicted_independent_steps": med("predicted_independent_steps"),
+    }
+    print(json.dumps(summary, indent=1))
+    return {
+        "benchmark": "per-step advantage variance: branching vs full-trajectory groups, "
+        "AgentGym/Corridor-v0, fixed stochastic policy, dense rule-judge reward",
+        "args": vars(args),
+        "summary": summary,
+        "runs": runs,
+        "total_seconds": time.perf_counter() - t0,
+        "machine": {"python": platform.python_version(), "note": "shared machine; noisy"},
+    }
+
+
+def write(name: str, result: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=str))
+    tmp.replace(path)  # a killed run never leaves half a JSON
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    v = sub.add_parser("variance", help="advantage variance, branching vs full groups")
+    v.add_argument("--length", type=int, default=4)
+    v.add_argument("--doors", type=int, default=3)
+    v.add_argument("--p-right", type=float, default=0.6)
+    v.add_argument("--k", type=int, default=8, help="samples per group")
+    v.add_argument("--groups", type=int, default=1500, help="groups per repeat")
+    v.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    if args.what == "variance":
+        print(f"wrote {write('credit_variance.json', run_variance(args))}")
+
+
+if __name__ == "__main__":
+    main()
