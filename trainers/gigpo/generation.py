@@ -111,6 +111,23 @@ class StaticDecoder:
         self._needs_cache_position = "cache_position" in params
         self._compiled: Callable[..., torch.Tensor] | None = None
         self._compile_failed = False
+        self._pool: dict[int, Any] = {}  # batch rows -> StaticCache, all `width` wide
+        self.width = 0  # cache width (tokens) of the pooled caches
+
+    @staticmethod
+    def supports(model: torch.nn.Module) -> bool:
+        """Whether this transformers version and ``model`` give the static cache the decoder
+        works with (layered caches, transformers >= 4.56; decoder-only full attention)."""
+        from transformers import StaticCache
+
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        try:
+            cache = StaticCache(config=base.config, max_cache_len=8)
+        except Exception:  # noqa: BLE001 - an older signature or an unsupported config
+            return False
+        return all(
+            hasattr(layer, "lazy_initialization") for layer in getattr(cache, "layers", [None])
+        )
 
     # ------------------------------------------------------------------------------------------
     def _forward(
@@ -149,24 +166,45 @@ class StaticDecoder:
             self._compiled = torch.compile(self._forward, mode="reduce-overhead", dynamic=False)
         return self._compiled
 
-    def _new_cache(self, width: int) -> Any:
+    def _cache(self, rows: int, width: int, grow_only: bool) -> Any:
+        """A reset :class:`~transformers.StaticCache` for ``rows`` rows from the pool.
+
+        Caches are kept between calls because a compiled step is captured with its cache
+        tensors' addresses: a new cache per call would mean a new capture per rollout round.
+        All pooled caches share one width, :attr:`width`, which only ever grows (a wider cache
+        serves a narrower batch, its extra columns masked). Without ``grow_only`` (eager
+        decoding) the cache is a new one of exactly ``width``.
+        """
         from transformers import StaticCache
 
-        return StaticCache(config=self.config, max_cache_len=width)
+        if not grow_only:  # eager: nothing captured, so a fresh cache of the exact size
+            self.width = width
+            return StaticCache(config=self.config, max_cache_len=width)
+        if width > self.width:
+            self._pool.clear()
+            self.width = width
+        cache = self._pool.get(rows)
+        if cache is None:
+            cache = self._pool[rows] = StaticCache(config=self.config, max_cache_len=self.width)
+        else:
+            cache.reset()
+        return cache
 
-    @staticmethod
-    def _compact_cache(cache: Any, keep: torch.Tensor) -> None:
-        """Keep rows ``keep`` of every layer's keys and values (new static tensors)."""
-        for layer in cache.layers:
-            if not getattr(layer, "is_initialized", True) or getattr(layer, "keys", None) is None:
-                continue
-            layer.keys = layer.keys.index_select(0, keep)
-            layer.values = layer.values.index_select(0, keep)
-            if hasattr(layer, "batch_size"):
-                layer.batch_size = len(keep)
-            # A compiled step treats cache tensors as fixed addresses (as StaticLayer does).
-            torch._dynamo.mark_static_address(layer.keys)
-            torch._dynamo.mark_static_address(layer.values)
+    def _compacted(self, cache: Any, keep: torch.Tensor, grow_only: bool) -> Any:
+        """The pooled cache for ``len(keep)`` rows holding rows ``keep`` of ``cache``."""
+        small = self._cache(len(keep), self.width, grow_only)
+        for big, layer in zip(cache.layers, small.layers, strict=True):
+            keys, values = big.keys.index_select(0, keep), big.values.index_select(0, keep)
+            if not layer.is_initialized:  # allocates static tensors of this shape and dtype
+                try:
+                    layer.lazy_initialization(keys, values)
+                except TypeError:  # transformers versions whose layers take the keys only
+                    layer.lazy_initialization(keys)
+            layer.keys.copy_(keys)
+            layer.values.copy_(values)
+            if isinstance(getattr(big, "cumulative_length", None), torch.Tensor):
+                layer.cumulative_length.copy_(big.cumulative_length)
+        return small
 
     # ------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -198,6 +236,8 @@ class StaticDecoder:
             total = -(-total // WIDTH_STEP) * WIDTH_STEP
         else:
             n_rows = n
+        cache = self._cache(n_rows, total, grow_only=compiled)
+        total = self.width
         ids = torch.full((n_rows, width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((n_rows, total), dtype=torch.long)
         mask[n:, width - 1] = 1  # a filler row is one padding token (attention needs one key)
@@ -214,7 +254,6 @@ class StaticDecoder:
         logp_out = torch.zeros(shape, dtype=torch.float32, device=device)
         rows = torch.arange(n_rows, device=device)  # original row of each batch row
         done = rows >= n
-        cache = self._new_cache(total)
         with autocast():
             logits = self._forward(
                 ids, mask[:, :width], positions, cache, torch.arange(width, device=device)
@@ -239,7 +278,7 @@ class StaticDecoder:
                         keep = keep.sort().values
                     else:
                         keep = (~done).nonzero().squeeze(1)
-                    self._compact_cache(cache, keep)
+                    cache = self._compacted(cache, keep, grow_only=compiled)
                     rows, done, tok = rows[keep], done[keep], tok[keep]
                     mask, next_pos = mask[keep], next_pos[keep]
             mask[:, width + t] = 1

@@ -17,6 +17,7 @@ diagnostics (``rollout/logprob_diff``).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -111,6 +112,14 @@ class HFPolicy:
         self.pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         )
+        if fast and not StaticDecoder.supports(model):
+            warnings.warn(
+                "the static-cache decoder does not support this model or transformers version; "
+                "generating with transformers' generate (upgrade transformers to >= 4.56, or "
+                "pass hf_generation='generate' to silence this)",
+                stacklevel=2,
+            )
+            self.fast = False
         self.decoder = StaticDecoder(
             model, eos_ids=self.eos_ids, pad_id=self.pad_id, compile=compile
         )
