@@ -71,6 +71,8 @@ __all__ = [
 ]
 
 WrapperSpec = tuple[Callable[..., gym.Env], dict[str, Any]]
+#: ``info_layout="list"``: one dict per env; ``"gymnasium"``: a dict of arrays and ``_key`` masks
+Infos = list[dict[str, Any]] | dict[str, Any]
 
 
 @dataclass
@@ -644,6 +646,7 @@ class _RayBackend(_ShardedBackend):
         num_workers: int | None,
         timeout: float,
         ray_options: dict[str, Any] | None = None,
+        address: str | None = None,
     ):
         try:
             import ray
@@ -651,8 +654,7 @@ class _RayBackend(_ShardedBackend):
             raise ImportError('backend="ray" needs Ray: pip install "agentgym-envs[ray]"') from exc
         super().__init__(factory, num_envs, num_workers, timeout)
         self.ray = ray
-        if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        self.owns_ray = _RaySession.acquire(ray, address)
         self.actor_cls = ray.remote(_EnvHost).options(**{"num_cpus": 1, **(ray_options or {})})
         self.actors = [self._spawn(w) for w in range(len(self.slices))]
         # wait until every actor has built its envs, so construction errors surface here
@@ -712,8 +714,43 @@ class _RayBackend(_ShardedBackend):
         if self.closed:
             return
         self.closed = True
-        for actor in self.actors:
+        for actor in getattr(self, "actors", ()):
             self.ray.kill(actor, no_restart=True)
+        if self.owns_ray:
+            _RaySession.release(self.ray)
+
+
+class _RaySession:
+    """The Ray that GroupVectorEnv initialised, shared by its Ray backends, shut down with the last.
+
+    A Ray the user initialised before building the env (``ray.init(...)``: a local one or a
+    cluster) is theirs and stays up after ``close()``. One that a backend started locally, or
+    joined through ``ray_address``, is ended (or disconnected from) when the last env using it
+    closes, so that a script leaves no Ray processes behind.
+    """
+
+    users = 0
+    """open Ray backends using the Ray that GroupVectorEnv initialised (0: none, or the user's)"""
+
+    @classmethod
+    def acquire(cls, ray: Any, address: str | None) -> bool:
+        """Join the current Ray or initialise one; True when the caller must :meth:`release`."""
+        if ray.is_initialized():
+            if cls.users == 0:
+                return False  # the user's Ray
+            cls.users += 1
+            return True
+        ray.init(
+            address=address, include_dashboard=False, log_to_driver=False, configure_logging=False
+        )
+        cls.users = 1
+        return True
+
+    @classmethod
+    def release(cls, ray: Any) -> None:
+        cls.users = max(cls.users - 1, 0)
+        if cls.users == 0:
+            ray.shutdown()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -734,13 +771,26 @@ class GroupVectorEnv(gym.vector.VectorEnv):
             for all of them); a worker still silent then is killed and its episodes end.
         ray_options: for ``backend="ray"``: actor options (``num_cpus``, ``resources``...).
 
+        ray_address: for ``backend="ray"`` when Ray is not initialised yet: the cluster to join
+            (``"auto"``, ``"ray://head:10001"``...; None: ``RAY_ADDRESS`` or a new local Ray).
+            A Ray that this env started or joined is shut down (or left) when the last env
+            using it closes; a Ray the user initialised stays up.
+        info_layout: ``"list"`` (default): infos are a list of per-env dicts, what the trainers
+            and :func:`agentgym.rollout.run_group_rollout` read. ``"gymnasium"``: Gymnasium's
+            vector layout, a dict of arrays with a boolean ``"_key"`` mask per key, which
+            Gymnasium's vector wrappers (``RecordEpisodeStatistics``, ``DictInfoToList``...)
+            expect. Either way :attr:`infos_list` gives the list view.
+
     Batched results are lists / arrays of length ``num_envs = num_groups * group_size``:
-    ``reset -> (obs: list[str], infos: list[dict])`` and
+    ``reset -> (obs: list[str], infos)`` and
     ``step(actions) -> (obs: list[str], rewards: float32 (num_envs,), terminated: bool (num_envs,),
-    truncated: bool (num_envs,), infos: list[dict])``. Infos are a list of per-env dicts (not
-    gymnasium's dict of arrays): text-agent infos hold strings, lists and state keys. Envs that
-    are no longer ``active`` ignore their action and report their final observation, reward 0
-    and their final flags again.
+    truncated: bool (num_envs,), infos)``. Envs that are no longer ``active`` ignore their action
+    and report their final observation and reward 0. With ``info_layout="list"`` they also repeat
+    their final flags and info. With ``"gymnasium"``, as in Gymnasium's vector envs (autoreset
+    disabled), ``terminated`` / ``truncated`` mark only the step an episode ended, and an env that
+    did not step has no entry in the infos (its ``_key`` masks are False): so episode statistics
+    count each episode once. Text-agent infos hold strings, lists and state keys: in the
+    gymnasium layout those are object arrays (``infos["state_key"][i]``).
     """
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.DISABLED}
@@ -756,7 +806,12 @@ class GroupVectorEnv(gym.vector.VectorEnv):
         wrappers: Sequence[WrapperSpec] = (),
         step_timeout: float = 300.0,
         ray_options: dict[str, Any] | None = None,
+        ray_address: str | None = None,
+        info_layout: str = "list",
     ):
+        if info_layout not in ("list", "gymnasium"):
+            raise ValueError(f"info_layout must be 'list' or 'gymnasium', got {info_layout!r}")
+        self.info_layout = info_layout
         if num_groups < 1 or group_size < 1:
             raise ValueError(
                 f"num_groups and group_size must be >= 1, got {num_groups}, {group_size}"
@@ -779,7 +834,7 @@ class GroupVectorEnv(gym.vector.VectorEnv):
             self._backend = _ProcessBackend(self.factory, self.num_envs, num_workers, step_timeout)
         elif backend == "ray":
             self._backend = _RayBackend(
-                self.factory, self.num_envs, num_workers, step_timeout, ray_options
+                self.factory, self.num_envs, num_workers, step_timeout, ray_options, ray_address
             )
         else:
             raise ValueError(f"unknown backend {backend!r}; use 'inprocess', 'process' or 'ray'")
@@ -791,8 +846,8 @@ class GroupVectorEnv(gym.vector.VectorEnv):
         self.spec = probe.spec
         if backend != "inprocess":
             probe.close()
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.observation_space = _compact(batch_space(self.single_observation_space, self.num_envs))
+        self.action_space = _compact(batch_space(self.single_action_space, self.num_envs))
         assert isinstance(self.observation_space, spaces.Tuple)
 
         self.group_ids = np.repeat(np.arange(num_groups), group_size)
@@ -819,7 +874,7 @@ class GroupVectorEnv(gym.vector.VectorEnv):
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[list[str], list[dict[str, Any]]]:
+    ) -> tuple[list[str], Infos]:
         """Start a new episode in every env.
 
         Args:
@@ -828,6 +883,12 @@ class GroupVectorEnv(gym.vector.VectorEnv):
                 ``num_groups`` dicts passed to the envs of each group (e.g. ``{"task": 17}``).
         """
         options = dict(options or {})
+        if "reset_mask" in options:
+            # Gymnasium's partial reset: a group's envs must restart together on one task
+            raise ValueError(
+                "GroupVectorEnv resets every env at once (the envs of a group share a task), so "
+                "options['reset_mask'] is not supported: call reset() without it when all_done"
+            )
         group_options = options.pop("group_options", None)
         if group_options is not None and len(group_options) != self.num_groups:
             raise ValueError(
@@ -867,11 +928,13 @@ class GroupVectorEnv(gym.vector.VectorEnv):
                 )
             )
         self._reset_needed = None
+        if self.info_layout == "gymnasium":
+            return list(self._obs), self._gymnasium_infos(np.ones(self.num_envs, dtype=bool))
         return list(self._obs), list(self._infos)
 
     def step(
         self, actions: Sequence[Any]
-    ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, Infos]:
         """Step every active env; see the class docstring for shapes.
 
         An env that raises ends its episode truncated (``truncation_reason`` names the error)
@@ -882,6 +945,12 @@ class GroupVectorEnv(gym.vector.VectorEnv):
         ``reset()``.
         """
         self._check_open()
+        if isinstance(actions, (str, bytes)):
+            raise TypeError(
+                f"step() takes one action per env, a list of {self.num_envs}, not the single "
+                f"string {actions!r:.60}; for the same action everywhere pass "
+                f"[action] * {self.num_envs}"
+            )
         if len(actions) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
         if self._reset_needed is not None:
@@ -939,6 +1008,16 @@ class GroupVectorEnv(gym.vector.VectorEnv):
         if raised:
             by_env = dict(zip(live.tolist(), results, strict=True))
             raise self._env_error(raised, [by_env[i] for i in raised], "step")
+        if self.info_layout == "gymnasium":
+            stepped = np.zeros(self.num_envs, dtype=bool)
+            stepped[live] = True
+            return (
+                list(self._obs),
+                rewards,
+                self._terminated & stepped,
+                self._truncated & stepped,
+                self._gymnasium_infos(stepped),
+            )
         return (
             list(self._obs),
             rewards,
@@ -948,6 +1027,19 @@ class GroupVectorEnv(gym.vector.VectorEnv):
         )
 
     # ------------------------------------------------------------------------------------------
+    @property
+    def infos_list(self) -> list[dict[str, Any]]:
+        """The latest info of every env as a list of dicts, whatever ``info_layout`` is (an env
+        that finished keeps the info of its last step)."""
+        return list(self._infos)
+
+    def _gymnasium_infos(self, mask: np.ndarray) -> dict[str, Any]:
+        """Gymnasium's dict-of-arrays infos of the envs in ``mask`` (``_key`` masks included)."""
+        out: dict[str, Any] = {}
+        for i in np.flatnonzero(mask):
+            out = self._add_info(out, self._infos[i], int(i))
+        return out
+
     def trajectories(self) -> list[Trajectory]:
         """The current episode of every env, in env order (finished or not)."""
         return list(self._trajs)
@@ -1007,6 +1099,20 @@ class GroupVectorEnv(gym.vector.VectorEnv):
         )
 
 
+class _BatchedTuple(spaces.Tuple):
+    """Gymnasium's batched space for ``n`` copies of one space, printed as ``Tuple(<space> x n)``
+    (the full tuple of text spaces would print a kilobyte per env)."""
+
+    def __repr__(self) -> str:
+        return f"Tuple({self.spaces[0]!r} x {len(self.spaces)})"
+
+
+def _compact(space: spaces.Space) -> spaces.Space:
+    if type(space) is spaces.Tuple and space.spaces:
+        return _BatchedTuple(space.spaces)
+    return space
+
+
 def _as_text(action: Any) -> str:
     return action if isinstance(action, str) else repr(action)
 
@@ -1017,7 +1123,16 @@ def make_group_vector_env(env_id: str, num_envs: int = 1, **kwargs: Any) -> Grou
     ``num_envs`` must be a multiple of ``group_size`` (default 1: independent envs, gymnasium's
     usual meaning). Keyword arguments GroupVectorEnv does not take go to the env constructor.
     """
-    group_keys = {"group_size", "backend", "num_workers", "wrappers", "step_timeout", "ray_options"}
+    group_keys = {
+        "group_size",
+        "backend",
+        "num_workers",
+        "wrappers",
+        "step_timeout",
+        "ray_options",
+        "ray_address",
+        "info_layout",
+    }
     group_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in group_keys}
     group_size = int(group_kwargs.pop("group_size", 1))
     if num_envs % group_size:
