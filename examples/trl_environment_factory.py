@@ -11,9 +11,10 @@ the task, on the corridor env, on CPU)::
 
     python examples/trl_environment_factory.py
 
-About three minutes on two CPU cores; the mean episode return (10 for a win) went from 1.3 over
-the first quarter of the episodes to 2.8 over the last (chance: 1.1). The tool-calling prompt
-is long for a model this small; ``examples/trl_rollout_func.py`` learns the corridor fully.
+About two to four minutes on two CPU cores. It shows TRL's tool-calling loop playing agentgym
+episodes; this tiny model does not learn the task in 60 steps here (the mean episode return
+stays near chance, 2.5 of a win's 10: the tool schema makes the prompt long for a model this
+small). ``examples/trl_rollout_func.py`` learns the corridor fully.
 
 With a real tool-calling model (a local folder or a hub name your machine can reach)::
 
