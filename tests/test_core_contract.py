@@ -15,29 +15,8 @@ import agentgym
 from agentgym.core import INFO_KEYS, InvalidAction
 from agentgym.wrappers.llm import make_llm_env
 
-#: family -> (fixture giving a real data root, the env variable the family reads it from)
-REAL_DATA = {"alfworld": ("alfworld_real_root", "ALFWORLD_DATA")}
 #: keys the LLM wrappers add on top of the env's own
 WRAPPER_KEYS = {"parsed_action", "think", "parse_error", "raw_observation"}
-
-
-@pytest.fixture
-def make(request, monkeypatch):
-    """``make(env_id)``: gym.make, with real data unpacked from ../shared/data where needed."""
-
-    def _make(env_id: str) -> gym.Env:
-        e = agentgym.entry(env_id)
-        if e.real_data and e.family in REAL_DATA:
-            fixture, variable = REAL_DATA[e.family]
-            monkeypatch.setenv(variable, str(request.getfixturevalue(fixture)))
-        try:
-            return gym.make(env_id)
-        except FileNotFoundError as exc:
-            if e.real_data:
-                pytest.skip(f"{env_id}: real data not found ({exc})")
-            raise
-
-    return _make
 
 
 def valid_step(env: gym.Env, info: dict[str, Any]) -> dict[str, Any]:
