@@ -10,7 +10,7 @@ running are generated in one batch and the env is stepped with the raw model tex
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +55,12 @@ class RolloutBatch:
     """the episodes themselves (for success rates, returns, task types)"""
     timings: dict[str, float] = field(default_factory=dict)
     """seconds spent in ``generate`` and ``env`` (reset + step)"""
+    branch_ids: np.ndarray | None = None
+    """(N,) int64, tree rollouts only: the branch group of a row taken at a branch point (its
+    siblings act from the same state), -1 elsewhere; what ``compute_advantage("slate")`` reads"""
+    row_start: np.ndarray | None = None
+    """(T,) int64, tree rollouts only: the first own step of each trajectory (its shared prefix,
+    copied from the source, is not repeated in the rows)"""
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -151,3 +157,136 @@ def rows_from(
         trajectories=trajectories,
         timings=timings,
     )
+
+
+def collect_tree(
+    venv: GroupVectorEnv,
+    policy: Policy,
+    *,
+    branch_points: int,
+    continuations: int,
+    branch_span: int = 3,
+    seed: int | None = None,
+    options: dict[str, Any] | None = None,
+    temperature: float | None = None,
+) -> RolloutBatch:
+    """Play a tree of episodes in every group, as many episodes as :func:`collect` plays.
+
+    Each group of ``K = group_size`` envs starts ``K / continuations**branch_points`` roots from
+    the reset state; the other envs wait. At each of ``branch_points`` branch steps (per group,
+    the gaps between them drawn uniformly from ``1..branch_span``), every root or branch still
+    running is copied into ``continuations - 1`` waiting envs (``GroupVectorEnv.branch``), so
+    the ``continuations`` siblings share the prefix and act from one state. Waiting envs left
+    when the group's tree has ended (episodes that finished before a branch step) play from
+    the reset state as extra roots. The result is K complete episodes per group.
+
+    Rows: a trajectory's own steps only (a branch's copied prefix is its source's rows);
+    ``branch_ids`` marks each row taken at a branch point (the roots' first steps share one
+    group: they act from the reset state).
+    """
+    group_size = venv.group_size
+    width = continuations**branch_points
+    if continuations < 2 or branch_points < 1 or group_size % width:
+        raise ValueError(
+            f"a tree rollout needs continuations >= 2, branch_points >= 1 and group_size a "
+            f"multiple of continuations**branch_points = {width}; got group_size {group_size}"
+        )
+    rng = np.random.default_rng(seed)
+    num_groups = venv.num_envs // group_size
+    timings = {"generate": 0.0, "env": 0.0}
+    t0 = time.perf_counter()
+    obs, _ = venv.reset(seed=seed, options=options)
+    timings["env"] += time.perf_counter() - t0
+    roots = group_size // width
+    waiting = [list(range(g * group_size + roots, (g + 1) * group_size)) for g in range(num_groups)]
+    in_tree = np.zeros(venv.num_envs, dtype=bool)
+    for g in range(num_groups):
+        in_tree[g * group_size : g * group_size + roots] = True
+        venv.active[waiting[g]] = False  # parked: not stepped until branched into or released
+    # Branch rounds of each group: cumulative gaps in 1..branch_span.
+    branch_round = np.cumsum(rng.integers(1, branch_span + 1, size=(num_groups, branch_points)), 1)
+    level = np.zeros(num_groups, dtype=np.int64)
+    gens: list[list[Generation]] = [[] for _ in range(venv.num_envs)]
+    kwargs = {} if temperature is None else {"temperature": temperature}
+    round_index = 0
+    while venv.active.any() or any(waiting):
+        t0 = time.perf_counter()
+        for g in range(num_groups):
+            members = np.arange(g * group_size, (g + 1) * group_size)
+            live_tree = members[in_tree[members] & venv.active[members]]
+            if level[g] < branch_points and round_index == branch_round[g, level[g]]:
+                level[g] += 1
+                for source in live_tree:
+                    targets = [waiting[g].pop() for _ in range(continuations - 1)]
+                    new_obs, _ = venv.branch(int(source), targets)
+                    for t, o in zip(targets, new_obs, strict=True):
+                        obs[t], in_tree[t], gens[t] = o, True, []
+            elif waiting[g] and (not live_tree.size or level[g] == branch_points):
+                venv.active[waiting[g]] = True  # the tree ended early: extra roots
+                waiting[g] = []
+        timings["env"] += time.perf_counter() - t0
+        live = np.flatnonzero(venv.active)
+        if not live.size:
+            round_index += 1
+            continue
+        t0 = time.perf_counter()
+        out = policy.generate([obs[i] for i in live], **kwargs)
+        timings["generate"] += time.perf_counter() - t0
+        actions = [""] * venv.num_envs
+        for i, gen in zip(live, out, strict=True):
+            actions[i] = gen.text
+            gens[i].append(gen)
+        t0 = time.perf_counter()
+        obs, _, _, _, _ = venv.step(actions)
+        obs = list(obs)
+        timings["env"] += time.perf_counter() - t0
+        round_index += 1
+    return tree_rows(venv.trajectories(), gens, timings)
+
+
+def branch_groups(trajectories: Sequence[Trajectory]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Each trajectory's first own step, and the branch group of each of its own steps.
+
+    Siblings are the trajectories with equal ``(branch_of, branch_step)`` plus their source
+    (the trajectory named by ``branch_of``), whose step at ``branch_step`` acted from the same
+    state; the roots of a group (no ``branch_of``) share their first step's group. Returns
+    ``(start (T,), [int64 (len(steps) - start,) per trajectory, -1 = not a branch step])``.
+    """
+    codes: dict[Hashable, int] = {}
+    sources = {(t.branch_of, t.branch_step) for t in trajectories if t.branch_of is not None}
+    starts, ids = [], []
+    for traj in trajectories:
+        start = traj.branch_step if traj.branch_of is not None else 0
+        own = np.full(len(traj.steps) - start, -1, dtype=np.int64)
+        me = (traj.group_id, traj.traj_id)
+        for s in range(start, len(traj.steps)):
+            if traj.branch_of is None and s == 0:
+                key: Hashable = ("root", traj.group_id)
+            elif traj.branch_of is not None and s == start:
+                key = (traj.branch_of, s)
+            elif (me, s) in sources:
+                key = (me, s)
+            else:
+                continue
+            own[s - start] = codes.setdefault(key, len(codes))
+        starts.append(start)
+        ids.append(own)
+    return np.asarray(starts, dtype=np.int64), ids
+
+
+def tree_rows(
+    trajectories: list[Trajectory], gens: list[list[Generation]], timings: dict[str, float]
+) -> RolloutBatch:
+    """Rows of a tree rollout: own steps of each trajectory, with their branch groups."""
+    start, ids = branch_groups(trajectories)
+    own = [
+        Trajectory(t.group_id, t.traj_id, t.task_id, t.steps[s:])
+        for t, s in zip(trajectories, start.tolist(), strict=True)
+    ]
+    batch = rows_from(own, gens, timings)
+    # Step ids continue the prefix (their order is what the estimators read).
+    batch.step_ids = batch.step_ids + np.repeat(start, [len(t.steps) for t in own])
+    batch.trajectories = trajectories
+    batch.branch_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    batch.row_start = start
+    return batch
