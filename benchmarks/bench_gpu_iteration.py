@@ -23,7 +23,8 @@ per second of update), time per phase (generate / env / advantage / update), pea
 with ``--compare`` also the ratios fast / reference. Figures are of the last iteration (the
 first includes compiling the decode step; it is kept as ``first_iteration``), medians over
 ``--repeats`` runs of each path, the paths interleaved. JSON goes to ``--out`` (default
-``benchmarks/results/gpu_iteration.json``).
+``benchmarks/results/gpu_iteration.json``, with ``--compare``
+``benchmarks/results/gpu_iteration_compare.json``).
 
     python benchmarks/bench_gpu_iteration.py --compare --iterations 2 --max-steps 3
 
@@ -52,6 +53,7 @@ from trainers.gigpo.tiny import build_tokenizer, save_random_model
 from trainers.gigpo.train import env_texts, train
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_iteration.json"
+COMPARE_RESULTS = RESULTS.with_name("gpu_iteration_compare.json")
 
 #: Config overrides of each path.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -230,8 +232,13 @@ def main() -> None:
     parser.add_argument(
         "--hidden", type=int, default=None, help="override the width (a multiple of 4)"
     )
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--out", type=Path, default=None,
+        help=f"default: results/{RESULTS.name}, with --compare results/{COMPARE_RESULTS.name}",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.out is None:
+        args.out = COMPARE_RESULTS if args.compare else RESULTS
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit("no CUDA device: this benchmark is for a GPU (--device cpu runs a smoke test)")
     shape: dict[str, Any] = {}
