@@ -109,7 +109,8 @@ class Config:
 
     # --- advantage ---------------------------------------------------------------------------
     advantage: str = "gigpo"
-    """estimator registered in ``trainers.gigpo.advantage`` (``gigpo``, ``grpo``)"""
+    """estimator registered in ``trainers.gigpo.advantage`` (``gigpo``, ``grpo``, ``rloo``,
+    ``slate``, ``cw_grpo``)"""
     gamma: float = 0.95
     """discount of step returns, R_t = r_t + gamma * R_{t+1}"""
     omega: float = 1.0
@@ -121,6 +122,21 @@ class Config:
     episode_stats_over: str = "trajectories"
     """episode-group statistics over ``trajectories`` (the paper) or ``steps`` (verl-agent's
     implementation, which weighs long trajectories more)"""
+    judge: str = "progress"
+    """``cw_grpo``'s per-round contribution judge: ``progress`` (a round scores 1 when it raised
+    ``info["score"]``: on the corridor, when it passed a room)"""
+
+    # --- rollout shape -----------------------------------------------------------------------
+    rollout: str = "flat"
+    """``flat`` (every env plays one episode from the reset state) or ``tree`` (branching at
+    equal samples: roots copied into sibling continuations at sampled steps; ``slate`` needs it)"""
+    branch_points: int = 1
+    """tree rollout: branch steps per trajectory"""
+    continuations: int = 2
+    """tree rollout: siblings per branch (``group_size`` must be a multiple of
+    ``continuations ** branch_points``)"""
+    branch_span: int = 3
+    """tree rollout: gaps between branch steps are drawn uniformly from 1..branch_span"""
 
     # --- rollout size ------------------------------------------------------------------------
     num_groups: int = 16
@@ -258,6 +274,23 @@ class Config:
                               f"sized from the model), got {self.micro_batch_tokens}")  # fmt: skip
         choose("env_backend", ENV_BACKENDS)
         choose("episode_stats_over", EPISODE_STATS)
+        choose("rollout", ("flat", "tree"))
+        choose("judge", ("progress",))
+        if (self.advantage == "slate") != (self.rollout == "tree"):
+            raise ConfigError(
+                f"{flag('advantage')} slate trains on sibling continuations, which only "
+                f"{flag('rollout')} tree makes (and tree rows suit only slate): use both or neither"
+            )
+        if self.rollout == "tree" and (
+            self.continuations < 2
+            or self.branch_points < 1
+            or self.group_size % self.continuations**self.branch_points
+        ):
+            raise ConfigError(
+                f"{flag('group_size')} must be a multiple of {flag('continuations')} ** "
+                f"{flag('branch_points')} (continuations >= 2, branch_points >= 1); got "
+                f"{self.group_size}, {self.continuations}, {self.branch_points}"
+            )
         from agentgym.wrappers.llm import FORMATS, PROMPT_TEMPLATES
 
         if self.fmt is not None:

@@ -78,7 +78,7 @@ from trainers.gigpo.packing import (
     supports_varlen,
 )
 from trainers.gigpo.policy import HFPolicy, VLLMPolicy
-from trainers.gigpo.rollout import RolloutBatch, collect, make_group_env
+from trainers.gigpo.rollout import RolloutBatch, collect, collect_tree, make_group_env
 
 
 # ----------------------------------------------------------------------------------------------
@@ -438,6 +438,16 @@ def _env_kwargs(config: Config) -> dict[str, Any]:
     if config.max_steps is not None:
         kwargs.setdefault("max_episode_steps", config.max_steps)
     return kwargs
+
+
+def _contributions(batch: RolloutBatch) -> np.ndarray:
+    """CW-GRPO's judge scores of every row (the rule judge: did the round make progress)."""
+    from agentgym.algorithms.judges import ProgressJudge
+
+    scores = ProgressJudge()(batch.trajectories)
+    if batch.row_start is not None:  # tree rows: own steps only
+        scores = [s[start:] for s, start in zip(scores, batch.row_start.tolist(), strict=True)]
+    return np.concatenate(scores) if scores else np.zeros(0)
 
 
 def _split_options(split: str | None) -> dict[str, Any] | None:
@@ -839,12 +849,23 @@ def train(config: Config) -> list[dict[str, Any]]:
 
             # ROLLOUT ---------------------------------------------------------------------
             progress = _RolloutProgress(policy, phase, venv.num_envs, f"rollout {it + 1}")
-            batch = collect(
-                venv,
-                progress,
-                seed=config.seed * 1_000_003 + it,
-                options=_split_options(config.train_split),
-            )
+            if config.rollout == "tree":
+                batch = collect_tree(
+                    venv,
+                    progress,
+                    branch_points=config.branch_points,
+                    continuations=config.continuations,
+                    branch_span=config.branch_span,
+                    seed=config.seed * 1_000_003 + it,
+                    options=_split_options(config.train_split),
+                )
+            else:
+                batch = collect(
+                    venv,
+                    progress,
+                    seed=config.seed * 1_000_003 + it,
+                    options=_split_options(config.train_split),
+                )
             record: dict[str, Any] = {"iteration": it + 1, "samples": (it + 1) * venv.num_envs}
             record.update(episode_metrics("rollout", batch))
             record["rollout/invalid_rate"] = float(batch.invalid.mean())
@@ -865,6 +886,8 @@ def train(config: Config) -> list[dict[str, Any]]:
                 norm=config.norm,
                 invalid_penalty=config.invalid_penalty,
                 episode_stats_over=config.episode_stats_over,
+                branch_ids=batch.branch_ids,
+                contributions=_contributions(batch) if config.advantage == "cw_grpo" else None,
             )
             advantages = torch.as_tensor(np.asarray(adv.advantages, dtype=np.float32))
             time_advantage = time.perf_counter() - t0
