@@ -138,6 +138,7 @@ def build(
         fmt=fmt,
         max_turns=args.max_turns,
         max_turn_tokens=args.max_turn_tokens,
+        format_instruction=not tiny,  # the tiny model reads only the room text
     )
     dataset_kwargs = {"instruction": instruction} if instruction is not None else {}
     config = GRPOConfig(

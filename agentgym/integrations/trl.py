@@ -54,7 +54,7 @@ import gymnasium as gym
 import numpy as np
 
 from agentgym.wrappers.group import GroupVectorEnv, Step, Trajectory
-from agentgym.wrappers.llm import ParseActions, parse_action
+from agentgym.wrappers.llm import FORMAT_INSTRUCTIONS, ParseActions, parse_action
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from datasets import Dataset
@@ -399,6 +399,8 @@ class GroupRollout:
         max_turns: turns per episode at most (default: until the env ends it).
         max_turn_tokens: new tokens per turn at most.
         show_admissible: end each observation with the admissible actions.
+        format_instruction: end the first prompt with what the reply must look like
+            (:data:`agentgym.wrappers.llm.FORMAT_INSTRUCTIONS` of ``fmt``).
         backend, num_workers: :class:`GroupVectorEnv` backend (``"process"`` for heavy envs).
     """
 
@@ -411,6 +413,7 @@ class GroupRollout:
         max_turns: int | None = None,
         max_turn_tokens: int = 256,
         show_admissible: bool = False,
+        format_instruction: bool = True,
         backend: str = "inprocess",
         num_workers: int | None = None,
         parse_options: dict[str, Any] | None = None,
@@ -426,6 +429,7 @@ class GroupRollout:
         self.max_turns = max_turns
         self.max_turn_tokens = max_turn_tokens
         self.show_admissible = show_admissible
+        self.format_instruction = format_instruction
         self.backend = backend
         self.num_workers = num_workers
         self.wrappers = [(ParseActions, {"fmt": fmt, **(parse_options or {})})]
@@ -574,6 +578,8 @@ class GroupRollout:
         for prompt, o, info in zip(prompts, obs, infos, strict=True):
             messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
             messages[-1]["content"] += self._observation_text(o, info)
+            if self.format_instruction:
+                messages[-1]["content"] += "\n" + FORMAT_INSTRUCTIONS[self.fmt]
             prompt_ids.append(self._template(tokenizer, trainer, messages, gen=True))
         contexts = [list(p) for p in prompt_ids]
         completion: list[list[int]] = [[] for _ in range(n)]
