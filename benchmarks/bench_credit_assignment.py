@@ -31,7 +31,14 @@ independent steps, ``sum_t Var(r_t) / Var(r at the branch step)`` from measured 
 variances. Writes ``benchmarks/results/credit_variance.json``; medians over ``--repeats``
 independent repeats.
 
-    python benchmarks/bench_credit_assignment.py variance          # ~1 min
+Learning curves (``curves``): GiGPO, SLATE (``--rollout tree``), CW-GRPO (the progress rule
+judge) and GRPO train the same tiny random Qwen2 with the same script (``trainers.gigpo.train``),
+the same seeds and the same number of episodes per iteration, as
+``bench_gigpo_vs_grpo.py`` does; only the estimator (and SLATE's rollout shape) differs. Writes
+``credit_curves.json`` and ``credit_curves.png`` (median held-out success, min-max band).
+
+    python benchmarks/bench_credit_assignment.py variance          # ~15 s
+    python benchmarks/bench_credit_assignment.py curves --jobs 2   # ~6 min on 2 idle cores
 """
 
 from __future__ import annotations
@@ -221,6 +228,141 @@ def run_variance(args: argparse.Namespace) -> dict:
     }
 
 
+COLORS = {
+    "gigpo": (31, 119, 180),
+    "grpo": (214, 39, 40),
+    "slate": (44, 160, 44),
+    "cw_grpo": (148, 103, 189),
+    "rloo": (255, 127, 14),
+}
+
+
+def train_run(method: str, seed: int, args: argparse.Namespace, out: str) -> dict:
+    import torch
+
+    from trainers.gigpo.config import Config
+    from trainers.gigpo.train import train
+
+    if args.jobs > 1:
+        torch.set_num_threads(1)  # the jobs share the cores
+    tree = (
+        {
+            "rollout": "tree",
+            "branch_points": args.branch_points,
+            "continuations": args.continuations,
+        }
+        if method == "slate"
+        else {}
+    )
+    config = Config.for_env(
+        "AgentGym/Corridor-v0",
+        advantage=method,
+        seed=seed,
+        iterations=args.iterations,
+        eval_every=args.eval_every,
+        out_dir=f"{out}/{method}-{seed}",
+        progress=False,
+        tensorboard=False,
+        save_final=False,
+        quiet=True,
+        plot=False,
+        **tree,
+    )
+    t0 = time.perf_counter()
+    history = train(config)
+    evals = [r for r in history if "eval/success_rate" in r]
+    rows = [r for r in history if "rollout/success_rate" in r]
+    print(f"{method:8s} seed {seed}: eval {[round(r['eval/success_rate'], 2) for r in evals]}",
+          flush=True)  # fmt: skip
+    return {
+        "method": method,
+        "seed": seed,
+        "eval_iterations": [r["iteration"] for r in evals],
+        "eval_samples": [r["samples"] for r in evals],
+        "eval_success": [r["eval/success_rate"] for r in evals],
+        "rollout_success": [r["rollout/success_rate"] for r in rows],
+        "seconds": time.perf_counter() - t0,
+        "config": config.to_dict(),
+    }
+
+
+def plot_curves(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for m, s in summary["methods"].items():
+        c = tuple(v / 255 for v in COLORS.get(m, (0, 0, 0)))
+        ax.plot(s["iterations"], s["median"], label=m.upper().replace("_", "-"), color=c)
+        ax.fill_between(s["iterations"], s["min"], s["max"], color=c, alpha=0.15)
+    ax.set_xlabel("iteration (equal episodes per iteration)")
+    ax.set_ylabel("held-out success rate")
+    ax.set_ylim(0, 1)
+    ax.set_title("Corridor: credit assignment at equal samples (median, min-max over seeds)")
+    ax.legend()
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    tmp.replace(path)
+
+
+def run_curves(args: argparse.Namespace) -> dict:
+    import multiprocessing
+    import tempfile
+
+    t0 = time.perf_counter()
+    jobs = [(m, seed) for seed in args.seeds for m in args.methods]
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.jobs > 1:
+            with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+                pending = [pool.apply_async(train_run, (m, s, args, tmp)) for m, s in jobs]
+                runs = [p.get() for p in tqdm(pending, desc="training runs")]
+        else:
+            runs = [train_run(m, s, args, tmp) for m, s in tqdm(jobs, desc="training runs")]
+    summary: dict = {"methods": {}}
+    for method in args.methods:
+        mine = [r for r in runs if r["method"] == method]
+        columns = list(zip(*(r["eval_success"] for r in mine), strict=True))
+        summary["methods"][method] = {
+            "iterations": mine[0]["eval_iterations"],
+            "samples": mine[0]["eval_samples"],
+            "median": [statistics.median(c) for c in columns],
+            "min": [min(c) for c in columns],
+            "max": [max(c) for c in columns],
+            "final_median": statistics.median(r["eval_success"][-1] for r in mine),
+            "final_per_seed": [r["eval_success"][-1] for r in mine],
+            "auc_median": statistics.median(
+                sum(r["eval_success"]) / len(r["eval_success"]) for r in mine
+            ),
+            "median_seconds": statistics.median(r["seconds"] for r in mine),
+        }
+    if "grpo" in summary["methods"]:
+        base = summary["methods"]["grpo"]
+        for s in summary["methods"].values():
+            s["auc_ratio_over_grpo"] = (
+                s["auc_median"] / base["auc_median"] if base["auc_median"] else None
+            )
+    png = RESULTS / "credit_curves.png"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    plot_curves(summary, png)
+    summary["plot"] = png.name
+    for m, s in summary["methods"].items():
+        print(f"{m}: final median {s['final_median']:.3f} {s['final_per_seed']}, "
+              f"AUC median {s['auc_median']:.3f}")  # fmt: skip
+    return {
+        "benchmark": "GiGPO vs SLATE vs CW-GRPO (rule judge) vs GRPO at equal samples, "
+        "AgentGym/Corridor-v0, tiny random Qwen2 on CPU",
+        "metric": "held-out (split 'test') greedy success rate per evaluation point",
+        "args": {k: v for k, v in vars(args).items() if k != "what"},
+        "summary": summary,
+        "runs": runs,
+        "total_seconds": time.perf_counter() - t0,
+        "machine": {"python": platform.python_version(), "note": "shared machine; noisy"},
+    }
+
+
 def write(name: str, result: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / name
@@ -240,9 +382,19 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--k", type=int, default=8, help="samples per group")
     v.add_argument("--groups", type=int, default=1500, help="groups per repeat")
     v.add_argument("--repeats", type=int, default=5)
+    c = sub.add_parser("curves", help="learning curves of the estimators at equal samples")
+    c.add_argument("--methods", nargs="+", default=["gigpo", "slate", "cw_grpo", "grpo"])
+    c.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    c.add_argument("--iterations", type=int, default=40)
+    c.add_argument("--eval-every", type=int, default=5)
+    c.add_argument("--branch-points", type=int, default=2, help="SLATE's tree rollout")
+    c.add_argument("--continuations", type=int, default=2, help="SLATE's tree rollout")
+    c.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     args = parser.parse_args(argv)
     if args.what == "variance":
         print(f"wrote {write('credit_variance.json', run_variance(args))}")
+    else:
+        print(f"wrote {write('credit_curves.json', run_curves(args))}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,9 @@
-"""Critic-free advantage estimators for multi-turn agent RL: GRPO and GiGPO.
+"""Critic-free advantage estimators for multi-turn agent RL: GRPO, GiGPO, RLOO, SLATE, CW-GRPO.
+
+GRPO and GiGPO are described below; RLOO (leave-one-out baselines), SLATE (advantages within
+branch groups of sibling continuations, from a tree rollout's ``branch_ids``) and CW-GRPO (a
+judge's per-round ``contributions`` redistribute GRPO's trajectory credit) are documented on
+their functions, :func:`rloo`, :func:`slate` and :func:`cw_grpo`.
 
 GiGPO (Group-in-Group Policy Optimization, arXiv 2505.10978) gives every step of a multi-turn
 episode two relative advantages, both computed from a group of rollouts of the same task:
@@ -555,7 +560,7 @@ def grpo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
 
 @register_advantage("rloo")
 def rloo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
-    """RLOO (REINFORCE leave-one-out, Ahmadian et al. 2024, Eq. 2 of Kool et al. 2019).
+    """RLOO (REINFORCE leave-one-out: Kool et al. 2019; Ahmadian et al. 2024).
 
     With K trajectories in a group, trajectory i's baseline is the mean outcome of the *other*
     K - 1: ``A_i = R_i - 1/(K-1) sum_{j != i} R_j = K/(K-1) (R_i - mean_j R_j)``, unbiased
@@ -593,7 +598,7 @@ def rloo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
 
 @register_advantage("slate")
 def slate(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
-    """SLATE's truncated step-level sampling (arXiv 2602.23440): advantages within branch groups.
+    """SLATE's truncated step-level sampling: advantages within branch groups of siblings.
 
     A branch group is k continuations that share a prefix and differ from the branch step on;
     their branch-step rows act from one state (one snapshot). The sample of continuation i is
