@@ -1,26 +1,34 @@
 """Retrieval server throughput: micro-batching vs one search per request, at 1-256 clients.
 
-    python benchmarks/bench_retrieval_server.py          # ~4 min; writes results/retrieval_server.json
+    python benchmarks/bench_retrieval_server.py          # bm25 + flat-tiny; writes results/retrieval_server.json
+    python benchmarks/bench_retrieval_server.py --retrievers flat-minilm --modes batched one-at-a-time
     python benchmarks/bench_retrieval_server.py --retrievers bm25 --concurrency 1 256 --repeats 3
-    python benchmarks/bench_retrieval_server.py --retrievers flat-minilm   # needs the MiniLM folder
 
-Four servers run side by side, each in its own process, over the same retriever and corpus
-(a generated Search-R1-format corpus, 100k passages by default):
+Servers run side by side, each in its own process, over the same retriever and corpus (a
+generated Search-R1-format corpus, 100k passages by default):
 
-* ``batched``: ``agentgym.retrieval.server.create_app`` as ``agentgym retrieval serve`` runs it
-  (micro-batching on: up to 512 queries per search, 2 ms window);
-* ``batched-nowait``: the same with ``batch_wait_ms=0``: a batch goes out as soon as the search
-  thread is free (whatever queued during the previous search), never waiting for company;
+* ``batched``: ``agentgym.retrieval.server.create_app`` with its defaults, as
+  ``agentgym retrieval serve`` runs it: a batch goes out as soon as the search thread is free
+  (``batch_wait_ms=0``), up to 512 queries, capped lower where the retriever's measured cost per
+  call says larger batches gain nothing (``adaptive_batch``: BM25);
+* ``batched-fixed``: the same without the adaptive cap (every queued query, up to 512, in one
+  search), the server's behaviour before the cap existed;
+* ``batched-wait``: the defaults plus a ``--batch-wait-ms`` window (2 ms) that holds a batch
+  open for company;
 * ``one-at-a-time``: the same server with ``max_batch_queries=1``: every request is its own
   search, which is how Search-R1's rollout calls its server (one request per turn);
 * ``stock``: a server shaped like Search-R1's ``retrieval_server.py`` (a synchronous FastAPI
   endpoint run in the thread pool, a pydantic request model, FastAPI's default JSON encoding),
   over the same retriever: the peer approach.
 
-Retrievers: ``bm25`` (bm25s backend, Lucene scoring), ``flat-tiny`` (exact FAISS inner product
-over vectors from a tiny random 2-layer BERT built offline), and ``flat-minilm`` (the pretrained
-all-MiniLM-L6-v2 from ../shared/data/encoders, opt-in: encoding 100k passages with it takes a
-long time on a CPU; the vectors are cached in ``--cache-dir`` after the first run).
+Retrievers: ``bm25`` (bm25s backend, Lucene scoring); ``flat-tiny`` (exact FAISS inner
+product, a tiny random 2-layer BERT query encoder built offline); ``flat-minilm`` (the same with
+the pretrained all-MiniLM-L6-v2 from ../shared/data/encoders as the query encoder: a real
+encoder, whose per-call cost is what batching amortises, as E5 in Search-R1). The dense indexes
+hold seeded random unit vectors of the encoder's dimension, NOT encoded passages: the search
+cost (an exact inner product over 100k vectors of that dimension, then the top-k) does not
+depend on the values, and encoding 100k passages with MiniLM takes hours on a CPU. The
+answers are therefore meaningless as retrieval, but the same for every server, and checked so.
 
 The load generator is this process (asyncio): N clients, one keep-alive connection each, send
 one query per request (``{"queries": [q], "topk": 3, "return_scores": true}``, Search-R1's
@@ -76,7 +84,8 @@ RESULTS = HERE / "results"
 SHARED_DATA = Path(os.environ.get("AGENTGYM_SHARED_DATA", HERE.parent.parent / "shared" / "data"))
 MINILM_DIR = SHARED_DATA / "encoders" / "all-MiniLM-L6-v2"
 RETRIEVERS = ("bm25", "flat-tiny", "flat-minilm")
-MODES = ("batched", "batched-nowait", "one-at-a-time", "stock")
+MODES = ("batched", "batched-fixed", "batched-wait", "one-at-a-time", "stock")
+DEFAULT_MODES = ("batched", "batched-fixed", "one-at-a-time", "stock")
 JSON_HEADERS = {"content-type": "application/json"}
 
 
@@ -111,8 +120,6 @@ def _encoder_path(name: str, cache: Path) -> Path:
 
 def prepare(name: str, passages: int, cache: Path) -> Path:
     """Build what the ``name`` retriever's servers load (index or passage vectors), once."""
-    from tqdm import tqdm
-
     if name == "bm25":
         from agentgym.retrieval.sparse import BM25Retriever
 
@@ -125,17 +132,13 @@ def prepare(name: str, passages: int, cache: Path) -> Path:
     from agentgym.retrieval.corpus import atomic_save_npy
     from agentgym.retrieval.encoder import Encoder
 
-    path = cache / f"{name}-{passages}.npy"
+    dim = Encoder(_encoder_path(name, cache), device="cpu").dim
+    path = cache / f"random-unit-{dim}d-{passages}.npy"
     if not path.is_file():
-        encoder = Encoder(_encoder_path(name, cache), device="cpu")
-        texts = [d["contents"] for d in _documents(passages)]
-        chunk = 4096
-        parts = []
-        t0 = time.perf_counter()
-        for i in tqdm(range(0, len(texts), chunk), desc=f"{name}: encoding passages", unit="chunk"):
-            parts.append(encoder.encode_passages(texts[i : i + chunk]))
-        atomic_save_npy(path, np.concatenate(parts))
-        print(f"{name}: encoded {passages:,} passages in {time.perf_counter() - t0:.1f} s")
+        # stand-in passage vectors: the search cost is the same as for encoded passages
+        vectors = np.random.default_rng(0).standard_normal((passages, dim), dtype=np.float32)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        atomic_save_npy(path, vectors)
     return path
 
 
@@ -148,9 +151,10 @@ def load_retriever(name: str, passages: int, cache: Path):
     from agentgym.retrieval.dense import DenseIndex, DenseRetriever
     from agentgym.retrieval.encoder import Encoder
 
-    vectors = np.load(cache / f"{name}-{passages}.npy")
+    encoder = Encoder(_encoder_path(name, cache), device="cpu")
+    vectors = np.load(cache / f"random-unit-{encoder.dim}d-{passages}.npy")
     index = DenseIndex.build(vectors, "flat", device="cpu")
-    return DenseRetriever(index, Encoder(_encoder_path(name, cache), device="cpu"), documents)
+    return DenseRetriever(index, encoder, documents)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -196,9 +200,13 @@ def run_server(spec: dict) -> None:
     if spec["mode"] == "stock":
         app = stock_app(retriever)
     else:
-        batch = 1 if spec["mode"] == "one-at-a-time" else 512
-        wait = 0.0 if spec["mode"] == "batched-nowait" else spec["batch_wait_ms"]
-        app = create_app(retriever, max_batch_queries=batch, batch_wait_ms=wait)
+        mode = spec["mode"]
+        app = create_app(
+            retriever,
+            max_batch_queries=1 if mode == "one-at-a-time" else 512,
+            batch_wait_ms=spec["batch_wait_ms"] if mode == "batched-wait" else 0.0,
+            adaptive_batch=mode != "batched-fixed",
+        )
     uvicorn.run(app, host="127.0.0.1", port=spec["port"], log_level="warning", access_log=False)
 
 
@@ -412,6 +420,8 @@ async def measure_concurrency(
                     (cpu_seconds(pids[mode]) - cpu_before) * 1000 / max(run["answered"], 1)
                 )
                 after = httpx.get(url + "/health").json()
+                if "batch_cap" in after:
+                    run["batch_cap"] = after["batch_cap"]
                 if "searches" in after:
                     searches = after["searches"] - before["searches"]
                     run["queries_per_search"] = (after["queries"] - before["queries"]) / max(
@@ -501,13 +511,13 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--retrievers", nargs="+", choices=RETRIEVERS, default=["bm25", "flat-tiny"])
-    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(DEFAULT_MODES))
     p.add_argument("--passages", type=int, default=100_000)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 256])
     p.add_argument("--duration", type=float, default=2.0, help="seconds per measured window")
     p.add_argument("--repeats", type=int, default=3, help="measured windows per configuration")
     p.add_argument("--warmup", type=float, default=0.5, help="seconds of warm-up per config")
-    p.add_argument("--batch-wait-ms", type=float, default=2.0)
+    p.add_argument("--batch-wait-ms", type=float, default=2.0, help="the batched-wait window")
     p.add_argument(
         "--server-threads",
         type=int,
@@ -568,6 +578,7 @@ def main() -> None:
                             _median(mode_runs, "server_cpu_ms_per_query"), 3
                         ),
                         "loadgen_cpu": round(_median(mode_runs, "loadgen_cpu"), 2),
+                        "batch_cap": mode_runs[-1].get("batch_cap"),
                         "qps_runs": [round(r["qps"], 1) for r in mode_runs],
                     }
                     results.append(row)
@@ -618,6 +629,8 @@ def main() -> None:
             if k not in ("_serve", "out", "cache_dir")
         },
         "request": {"queries": ["<one query>"], "topk": 3, "return_scores": True},
+        "dense_passage_vectors": "seeded random unit vectors of the encoder's dimension, not "
+        "encoded passages: the exact FAISS search costs the same for any values",
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),

@@ -2,7 +2,7 @@
 
 agentgym retrieval index --corpus wiki-18.jsonl --kind flat --encoder DIR --out idx/e5-flat
 agentgym retrieval index --corpus wiki-18.jsonl --kind bm25 --backend pyserini --out idx/bm25
-agentgym retrieval serve --index idx/e5-flat --port 8000
+agentgym retrieval serve --index idx/e5-flat --port 8000 --threads 4 --max-topk 50
 """
 
 from __future__ import annotations
@@ -46,6 +46,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"agentgym retrieval serve: error: {e}", file=sys.stderr)
         return 2
+    problems = []
+    if args.max_topk < 1:
+        problems.append(f"--max-topk must be >= 1, got {args.max_topk}")
+    if not 1 <= args.default_topk <= max(args.max_topk, 1):
+        problems.append(
+            f"--default-topk must be between 1 and --max-topk ({args.max_topk}), "
+            f"got {args.default_topk}"
+        )
+    if args.threads is not None and args.threads < 1:
+        problems.append(f"--threads must be >= 1, got {args.threads}")
+    if args.max_batch < 1:
+        problems.append(f"--max-batch must be >= 1, got {args.max_batch}")
+    if args.batch_wait_ms < 0:
+        problems.append(f"--batch-wait-ms must be >= 0, got {args.batch_wait_ms}")
+    if problems:
+        for problem in problems:
+            print(f"agentgym retrieval serve: error: {problem}", file=sys.stderr)
+        return 2
     from agentgym.retrieval.server import serve
 
     serve(
@@ -55,6 +73,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         encoder=args.encoder,
         batch_wait_ms=args.batch_wait_ms,
         max_batch_queries=args.max_batch,
+        adaptive_batch=not args.fixed_batch,
+        max_topk=args.max_topk,
+        default_topk=args.default_topk,
+        threads=args.threads,
     )
     return 0
 
@@ -95,6 +117,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ps.add_argument("--host", default="127.0.0.1")
     ps.add_argument("--port", type=int, default=8000)
     ps.add_argument("--encoder", default=None, help="dense: override the index's encoder")
-    ps.add_argument("--batch-wait-ms", type=float, default=2.0, help="micro-batching window")
-    ps.add_argument("--max-batch", type=int, default=512, help="most queries per batch")
+    ps.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=0.0,
+        help="hold a batch open this long for more requests (default 0: a batch goes out as "
+        "soon as the previous search ends; under load that already makes large batches)",
+    )
+    ps.add_argument(
+        "--max-batch", type=int, default=512, help="most queries per search (1: no merging)"
+    )
+    ps.add_argument(
+        "--fixed-batch",
+        action="store_true",
+        help="always merge up to --max-batch queries, even for a retriever (BM25) whose measured "
+        "cost says large batches gain nothing",
+    )
+    ps.add_argument(
+        "--max-topk", type=int, default=100, help="largest topk a request may ask for (100)"
+    )
+    ps.add_argument(
+        "--default-topk", type=int, default=3, help="topk of requests that leave it out (3)"
+    )
+    ps.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch and FAISS compute threads (default: the libraries' own, one per core)",
+    )
     ps.set_defaults(func=cmd_serve)

@@ -31,12 +31,26 @@ counters (requests, queries, searches) that show how well batching works.
 
 Dynamic micro-batching: requests that arrive together are merged into ONE
 ``retriever.search(all_queries, max_topk_of_the_batch)`` call (one encoder call, one index
-search), and each request gets its own slice back, cut to its own ``topk``. A batch closes
-``batch_wait_ms`` after its first request arrived, or as soon as it holds ``max_batch_queries``
-queries; while one search runs in the worker thread the next batch fills up, so under load the
-wait costs nothing. ``max_batch_queries=1`` turns merging off (every request is searched alone,
-how Search-R1's server works). If a merged search raises, each of its requests is retried alone,
-so one query that breaks the retriever fails only its own request.
+search), and each request gets its own slice back, cut to its own ``topk``. By default a batch
+goes out as soon as the worker thread is free (``batch_wait_ms=0``): whatever queued during the
+previous search is the next batch, so batches grow with the load by themselves and a lone client
+never waits for company that is not coming. ``batch_wait_ms > 0`` holds a batch open that long
+after its first request arrived (or until it holds ``max_batch_queries`` queries).
+``max_batch_queries=1`` turns merging off (every request is searched alone, how Search-R1's
+server works). If a merged search raises, each of its requests is retried alone, so one query
+that breaks the retriever fails only its own request.
+
+Batch size follows the retriever's cost (``adaptive_batch=True``, the default). Merging pays
+only for a retriever with a fixed cost per call (a query encoder's forward pass, a GEMM's
+setup); BM25 has almost none, and a batch of hundreds of its queries only makes every request
+wait for the slowest and the server answer in bursts: responses go out all at once, the next
+requests come back all at once, and server and clients take turns idling (measured: a 100k
+passage BM25 server at 256 clients answered 0.5-0.7x the queries/s of one search per request,
+on less CPU per query). So the batcher fits ``seconds = fixed + per_query * n`` to its recent
+searches and caps a batch at the size where the fixed cost falls under
+``_FIXED_COST_SHARE`` of the batch's time (never under ``_MIN_ADAPTIVE_BATCH``, never over
+``max_batch_queries``): a dense retriever with an encoder keeps large batches, BM25 streams
+small ones, and a large queue is cut into several searches whose answers go out in turn.
 
 Searching and JSON encoding run in one worker thread, never on the event loop, so the server
 keeps accepting connections and answering ``/health`` during a long search. Documents are
@@ -65,7 +79,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentgym.retrieval.base import Hit, Retriever
 
-__all__ = ["BackgroundServer", "create_app", "describe_retriever", "serve", "serve_in_thread"]
+__all__ = [
+    "BackgroundServer",
+    "create_app",
+    "describe_retriever",
+    "serve",
+    "serve_in_thread",
+    "set_compute_threads",
+]
 
 logger = logging.getLogger("agentgym.retrieval.server")
 
@@ -268,9 +289,56 @@ class _Stats:
     queries: int = 0
     searches: int = 0
     largest_batch_queries: int = 0
+    batch_cap: int = 0  # the adaptive cap on queries per search now in force
     failed_requests: int = 0
     search_seconds: float = 0.0  # wall time inside retriever.search: how busy the server is
     started_at: float = field(default_factory=time.time)
+
+
+# A batch is capped where the search's fixed cost per call is this share of the batch's time;
+# larger batches would save at most this much more per query while delaying every answer.
+_FIXED_COST_SHARE = 0.1
+_MIN_ADAPTIVE_BATCH = 8  # streaming below this saves nothing measurable and costs per-call work
+
+
+class _SearchCost:
+    """``seconds ~= fixed + per_query * n`` for a search of ``n`` queries, fitted by exponentially
+    weighted least squares to the recent searches (old ones fade by ``decay`` per search), so it
+    follows a retriever whose cost drifts (caches warming, the machine's load)."""
+
+    def __init__(self, decay: float = 0.98) -> None:
+        self.decay = decay
+        self._w = self._n = self._t = self._nn = self._nt = 0.0
+
+    def add(self, n: int, seconds: float) -> None:
+        d = self.decay
+        self._w = d * self._w + 1.0
+        self._n = d * self._n + n
+        self._t = d * self._t + seconds
+        self._nn = d * self._nn + n * n
+        self._nt = d * self._nt + n * seconds
+
+    def fit(self) -> tuple[float, float] | None:
+        """``(fixed_s, per_query_s)``, or None until the searches seen differ enough in size."""
+        if self._w < 4:
+            return None
+        mean_n, mean_t = self._n / self._w, self._t / self._w
+        var_n = self._nn / self._w - mean_n * mean_n
+        if var_n < 1.0:  # (nearly) all one size: the slope is not identifiable
+            return None
+        per_query = (self._nt / self._w - mean_n * mean_t) / var_n
+        if per_query <= 0:
+            return None
+        return max(mean_t - per_query * mean_n, 0.0), per_query
+
+    def batch_cap(self, max_batch_queries: int) -> int:
+        """The batch size at which the fixed cost is ``_FIXED_COST_SHARE`` of the search."""
+        fitted = self.fit()
+        if fitted is None:
+            return max_batch_queries
+        fixed, per_query = fitted
+        best = fixed * (1 - _FIXED_COST_SHARE) / (_FIXED_COST_SHARE * per_query)
+        return int(min(max(best, _MIN_ADAPTIVE_BATCH), max_batch_queries))
 
 
 class _Batcher:
@@ -282,10 +350,20 @@ class _Batcher:
     """
 
     def __init__(
-        self, retriever: Retriever, max_batch_queries: int, batch_wait_s: float, stats: _Stats
+        self,
+        retriever: Retriever,
+        max_batch_queries: int,
+        batch_wait_s: float,
+        stats: _Stats,
+        adaptive: bool = True,
     ) -> None:
         self.retriever = retriever
         self.max_batch_queries = max_batch_queries
+        # the current cap on queries per search: max_batch_queries, or less where the retriever's
+        # measured cost says larger batches gain nothing (see the module docstring)
+        self.batch_cap = max_batch_queries
+        self.adaptive = adaptive and max_batch_queries > _MIN_ADAPTIVE_BATCH
+        self.cost = _SearchCost()
         self.batch_wait_s = batch_wait_s
         self.stats = stats
         self.cache = _DocumentCache()
@@ -317,7 +395,7 @@ class _Batcher:
         pending = _Pending(query, loop.create_future(), loop.time())
         self._queue.append(pending)
         self._queued_queries += len(query.queries)
-        if len(self._queue) == 1 or self._queued_queries >= self.max_batch_queries:
+        if len(self._queue) == 1 or self._queued_queries >= self.batch_cap:
             self._wake.set()
         return await pending.future
 
@@ -331,7 +409,7 @@ class _Batcher:
             # the batch window opens when its first request arrived: a queue that built up
             # during the previous search goes out at once
             deadline = self._queue[0].arrived_at + self.batch_wait_s
-            if self._queued_queries < self.max_batch_queries and deadline > loop.time():
+            if self._queued_queries < self.batch_cap and deadline > loop.time():
                 self._wake.clear()
                 timer = loop.call_at(deadline, self._wake.set)
                 try:
@@ -353,13 +431,13 @@ class _Batcher:
                     p.future.set_result(answer)
 
     def _take_batch(self) -> list[_Pending]:
-        """Pop requests in arrival order up to ``max_batch_queries`` queries (at least one)."""
+        """Pop requests in arrival order up to ``batch_cap`` queries (at least one request)."""
         batch: list[_Pending] = []
         n = 0
         while self._queue:
             p = self._queue[0]
             size = len(p.query.queries)
-            if batch and n + size > self.max_batch_queries:
+            if batch and n + size > self.batch_cap:
                 break
             self._queue.popleft()
             self._queued_queries -= size
@@ -375,7 +453,12 @@ class _Batcher:
         try:
             hits = self.retriever.search(queries, topk)
         finally:
-            self.stats.search_seconds += time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            self.stats.search_seconds += seconds
+        if self.adaptive:
+            self.cost.add(len(queries), seconds)
+            self.batch_cap = self.cost.batch_cap(self.max_batch_queries)
+            self.stats.batch_cap = self.batch_cap
         if len(hits) != len(queries):
             raise RuntimeError(
                 f"{type(self.retriever).__name__}.search returned {len(hits)} result lists "
@@ -428,11 +511,12 @@ def create_app(
     retriever: Retriever,
     *,
     max_batch_queries: int = 512,
-    batch_wait_ms: float = 2.0,
+    batch_wait_ms: float = 0.0,
     max_topk: int = 100,
     default_topk: int = 3,
     max_queries_per_request: int = 4096,
     max_query_chars: int = 4096,
+    adaptive_batch: bool = True,
 ) -> FastAPI:
     """A FastAPI app serving ``retriever`` with Search-R1's ``/retrieve`` protocol.
 
@@ -441,11 +525,15 @@ def create_app(
         max_batch_queries: the most queries merged into one search; ``1`` searches every
             request alone (no merging). A single request larger than this is searched alone.
         batch_wait_ms: how long a batch stays open after its first request arrives, waiting
-            for more; ``0`` sends whatever has queued up as soon as the worker is free.
+            for more; ``0`` (the default) sends whatever has queued up as soon as the worker is
+            free, which under load already makes large batches without delaying a lone client.
         max_topk: the largest ``topk`` a request may ask for.
         default_topk: ``topk`` for requests that leave it out (Search-R1's default, 3).
         max_queries_per_request: more queries in one request is a 413.
         max_query_chars: a longer query string is a 413.
+        adaptive_batch: cap batches below ``max_batch_queries`` where the retriever's measured
+            cost per call says larger ones gain nothing (BM25); ``False`` always merges up to
+            ``max_batch_queries``.
 
     The micro-batcher starts and stops with the app's lifespan (uvicorn runs it).
     """
@@ -456,12 +544,14 @@ def create_app(
     if not 1 <= default_topk <= max_topk:
         raise ValueError(f"default_topk must be in 1..max_topk={max_topk}, got {default_topk}")
     limits = _Limits(default_topk, max_topk, max_queries_per_request, max_query_chars)
-    stats = _Stats()
+    stats = _Stats(batch_cap=max_batch_queries)
     state: dict[str, _Batcher] = {}
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        batcher = _Batcher(retriever, max_batch_queries, batch_wait_ms / 1000.0, stats)
+        batcher = _Batcher(
+            retriever, max_batch_queries, batch_wait_ms / 1000.0, stats, adaptive=adaptive_batch
+        )
         batcher.start()
         state["batcher"] = batcher
         try:
@@ -501,6 +591,8 @@ def create_app(
                 "serving": description,
                 "max_batch_queries": max_batch_queries,
                 "batch_wait_ms": batch_wait_ms,
+                "adaptive_batch": adaptive_batch,
+                "batch_cap": stats.batch_cap,
                 "default_topk": default_topk,
                 "max_topk": max_topk,
                 "max_queries_per_request": max_queries_per_request,
@@ -637,6 +729,23 @@ def describe_retriever(retriever: Retriever) -> list[str]:
     return lines or [repr(retriever)]
 
 
+def set_compute_threads(threads: int) -> None:
+    """Use ``threads`` compute threads in torch and FAISS (those already imported or importable).
+
+    Call before the first search: both size their thread pools on first use.
+    """
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    with contextlib.suppress(ImportError):
+        import torch
+
+        torch.set_num_threads(threads)
+    with contextlib.suppress(ImportError):
+        import faiss
+
+        faiss.omp_set_num_threads(threads)
+
+
 def serve(
     index_dir: str | Path,
     *,
@@ -644,22 +753,29 @@ def serve(
     port: int = 8000,
     encoder: str | Path | None = None,
     max_batch_queries: int = 512,
-    batch_wait_ms: float = 2.0,
+    batch_wait_ms: float = 0.0,
     max_topk: int = 100,
     default_topk: int = 3,
+    adaptive_batch: bool = True,
+    threads: int | None = None,
     access_log: bool = False,
 ) -> None:
     """Load the index in ``index_dir`` and serve it over HTTP until interrupted (Ctrl-C).
 
     Binds ``host`` (loopback unless told otherwise: the server has no authentication).
-    ``encoder`` overrides the query encoder a dense index was built with. Per-request access
-    logs are off by default: at thousands of requests per second they cost real throughput.
+    ``encoder`` overrides the query encoder a dense index was built with. ``threads`` sets the
+    compute threads of torch (the query encoder) and FAISS (``None``: the libraries' defaults,
+    one per core); on cores shared with other work, fewer threads keep one search from stalling
+    whenever one of its threads is descheduled. Per-request access logs are off by default: at
+    thousands of requests per second they cost real throughput.
     """
     import uvicorn
 
     from agentgym.retrieval import open_retriever
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if threads is not None:
+        set_compute_threads(threads)
     t0 = time.perf_counter()
     retriever = open_retriever(index_dir, encoder=encoder)
     logger.info(
@@ -670,9 +786,11 @@ def serve(
         "".join(f"\n  {line}" for line in describe_retriever(retriever)),
     )
     logger.info(
-        "micro-batching %s (max %d queries per search, %.1f ms window); POST http://%s:%d/retrieve",
+        "micro-batching %s (max %d queries per search%s, %.1f ms window); "
+        "POST http://%s:%d/retrieve",
         "off" if max_batch_queries == 1 else "on",
         max_batch_queries,
+        ", fewer where the retriever gains nothing" if adaptive_batch else "",
         batch_wait_ms,
         host,
         port,
@@ -683,6 +801,7 @@ def serve(
         batch_wait_ms=batch_wait_ms,
         max_topk=max_topk,
         default_topk=default_topk,
+        adaptive_batch=adaptive_batch,
     )
     try:
         uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log)
