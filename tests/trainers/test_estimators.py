@@ -28,7 +28,7 @@ from agentgym.algorithms.judges import (
 from agentgym.wrappers.group import Step, Trajectory
 from trainers.gigpo.advantage_reference import reference_advantage
 
-SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
