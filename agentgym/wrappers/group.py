@@ -10,6 +10,12 @@ next :meth:`GroupVectorEnv.reset`, which is what a trainer that collects whole t
 Every step is recorded in a :class:`Trajectory` of :class:`Step` records; ``Step.state_key`` is the
 state the action was taken *from* (GiGPO's anchor state).
 
+Branching (every backend): :meth:`GroupVectorEnv.snapshot` takes env ``i``'s state (env and
+wrappers), :meth:`GroupVectorEnv.reset_to` starts every env from a snapshot (e.g. k copies of
+one state, for SLATE's step-level groups), and :meth:`GroupVectorEnv.branch` copies one env
+mid-rollout into others. Branched records keep the shared prefix and mark the branch point
+(:attr:`Trajectory.branch_step`, :attr:`Trajectory.branch_of`).
+
 Backends (``backend=``):
 
 - ``"inprocess"`` (default): envs live in this process. Text env steps take micro- to milliseconds,
@@ -39,6 +45,8 @@ Faults (``"process"`` and ``"ray"`` alike):
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import functools
 import json
 import os
@@ -61,11 +69,14 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
+from agentgym.core import EnvSnapshot, SnapshotMismatch
+
 __all__ = [
     "Step",
     "Trajectory",
     "GroupVectorEnv",
     "EnvError",
+    "GroupEnvSnapshot",
     "EnvFactory",
     "make_group_vector_env",
 ]
@@ -93,7 +104,20 @@ class Step:
 
 @dataclass
 class Trajectory:
-    """One episode of one env of a group."""
+    """One episode of one env of a group.
+
+    A branched episode (:meth:`GroupVectorEnv.branch`, or :meth:`GroupVectorEnv.reset_to` with
+    a prefix) starts with a copy of the steps its source took before the branch point (same
+    observations, actions, rewards and ``state_key`` s), so every record is a whole episode.
+    ``branch_step`` is the index of its first own step and ``branch_of`` the
+    ``(group_id, traj_id)`` of the trajectory it was copied from.
+
+    Building groups from branches: the k continuations of one prefix (SLATE's group) are the
+    trajectories with equal ``(branch_of, branch_step)``, plus the source itself (the one whose
+    ``(group_id, traj_id)`` is ``branch_of``) when it was stepped on as one of them; they differ
+    from ``steps[branch_step]`` on. Following ``branch_of`` links from the leaves gives the
+    tree of a tree-shaped rollout.
+    """
 
     group_id: int
     traj_id: int
@@ -103,6 +127,10 @@ class Trajectory:
     terminated: bool = False
     truncated: bool = False
     truncation_reason: str | None = None
+    branch_step: int | None = None
+    """index in ``steps`` of the first step taken after the branch point; None: not a branch"""
+    branch_of: tuple[int, int] | None = None
+    """``(group_id, traj_id)`` of the trajectory the prefix was copied from; None: not a branch"""
 
     @property
     def total_return(self) -> float:
@@ -208,17 +236,26 @@ class _EnvHost:
     def __init__(self, factory: EnvFactory, num_envs: int):
         self.envs = [factory() for _ in range(num_envs)]
         self.keep_exceptions = False  # in-process: keep the exception object for chaining
+        # each env's last (observation, info) as its wrappers returned them, for snapshots
+        self.last: list[tuple[str, dict[str, Any]] | None] = [None] * num_envs
 
     def run(self, cmd: str, payload: Sequence[tuple]) -> list[Any]:
-        if cmd not in ("reset", "step"):
+        if cmd not in ("reset", "step", "snapshot", "restore"):
             raise ValueError(f"unknown command {cmd!r}")
         out: list[Any] = []
         for i, *args in payload:
             try:
                 if cmd == "reset":
                     out.append(self.envs[i].reset(seed=args[0], options=args[1]))
-                else:
+                    self.last[i] = out[-1]
+                elif cmd == "step":
                     out.append(self.envs[i].step(args[0]))
+                    self.last[i] = (out[-1][0], out[-1][4])
+                elif cmd == "snapshot":
+                    out.append(_snapshot_env(self.envs[i], self.last[i]))
+                else:
+                    out.append(_restore_env(self.envs[i], args[0]))
+                    self.last[i] = out[-1]
             except Exception as exc:  # noqa: BLE001 - reported per env, see _Failure
                 out.append(
                     _Failure(
@@ -235,6 +272,112 @@ class _EnvHost:
             env.close()
 
 
+# Attributes of gymnasium's own wrappers that are configuration, not episode state.
+_WRAPPER_CONFIG = frozenset(
+    {
+        "env",
+        "_action_space",
+        "_observation_space",
+        "_reward_range",
+        "_metadata",
+        "_cached_spec",
+        "_saved_kwargs",
+        "_disable_render_order_enforcing",
+    }
+)
+
+
+def _wrapper_chain(env: gym.Env) -> list[gym.Wrapper]:
+    chain = []
+    while isinstance(env, gym.Wrapper):
+        chain.append(env)
+        env = env.env
+    return chain
+
+
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class GroupEnvSnapshot(EnvSnapshot):
+    """An :class:`~agentgym.core.EnvSnapshot` of one env of a :class:`GroupVectorEnv`, with the
+    state of the wrappers around it (:meth:`GroupVectorEnv.snapshot`).
+
+    Wrappers keep their episode state (a prompt renderer's history, gymnasium's
+    ``OrderEnforcing`` flag) in underscore attributes; those are carried, pickled, with the
+    observation and info the wrappers last returned. Still an ``EnvSnapshot``: it restores
+    into a bare ``env.unwrapped`` as well.
+    """
+
+    wrapped: bytes = b""
+    """pickled ``(wrapper class names, [each wrapper's underscore attributes], obs, info)``"""
+
+
+def _snapshot_env(env: gym.Env, last: tuple[str, dict[str, Any]] | None) -> GroupEnvSnapshot:
+    """Snapshot ``env`` (unwrapped state) and its wrappers' episode state."""
+    if last is None:
+        raise RuntimeError("this env has not been reset: reset() or reset_to() it first")
+    base = env.unwrapped.snapshot()
+    chain = _wrapper_chain(env)
+    wrapped = pickle.dumps(
+        (
+            [type(w).__qualname__ for w in chain],
+            [
+                {k: v for k, v in vars(w).items() if k[0] == "_" and k not in _WRAPPER_CONFIG}
+                for w in chain
+            ],
+            last[0],
+            last[1],
+        ),
+        protocol=pickle.HIGHEST_PROTOCOL,
+    )
+    return GroupEnvSnapshot(*(getattr(base, name) for name in _BASE_FIELDS), wrapped=wrapped)
+
+
+def _restore_env(env: gym.Env, snap: EnvSnapshot) -> tuple[str, dict[str, Any]]:
+    """Restore ``env`` and its wrappers; returns the (observation, info) they last returned.
+
+    A bare ``EnvSnapshot`` carries no wrapper state: accepted only when the wrappers are
+    gymnasium's bookkeeping ones (what ``gym.make`` adds), which are then set as after a reset.
+    """
+    chain = _wrapper_chain(env)
+    if isinstance(snap, GroupEnvSnapshot) and snap.wrapped:
+        names, states, obs, info = pickle.loads(snap.wrapped)
+        if names != [type(w).__qualname__ for w in chain]:
+            raise SnapshotMismatch(
+                f"the snapshot was taken under the wrappers {names}, this env has "
+                f"{[type(w).__qualname__ for w in chain]}; restore it into a GroupVectorEnv "
+                "built with the same wrappers"
+            )
+        env.unwrapped.restore(snap)  # raises SnapshotMismatch before anything changes
+        for wrapper, state in zip(chain, states, strict=True):
+            vars(wrapper).update(state)
+        return obs, info
+    if not isinstance(snap, EnvSnapshot):
+        raise TypeError(
+            f"expected an EnvSnapshot (from vec.snapshot(i) or env.unwrapped.snapshot()), got "
+            f"{type(snap).__name__}"
+        )
+    stateful = [type(w).__qualname__ for w in chain if not isinstance(w, _GYM_BOOKKEEPING)]
+    if stateful:
+        raise ValueError(
+            f"a bare EnvSnapshot holds no state of the wrappers {stateful}: take the snapshot "
+            "with GroupVectorEnv.snapshot(i) from a vector env built with the same wrappers"
+        )
+    env.unwrapped.restore(snap)
+    for wrapper in chain:
+        if isinstance(wrapper, gym.wrappers.OrderEnforcing):
+            wrapper._has_reset = True  # the env holds an episode: stepping it is in order
+        elif isinstance(wrapper, gym.wrappers.TimeLimit):
+            wrapper._elapsed_steps = snap.elapsed_steps
+    return snap.last_obs, snap.info
+
+
+_GYM_BOOKKEEPING = (
+    gym.wrappers.OrderEnforcing,
+    gym.wrappers.TimeLimit,
+    gym.wrappers.PassiveEnvChecker,
+)
+_BASE_FIELDS = tuple(f.name for f in dataclasses.fields(EnvSnapshot))
+
+
 class _InProcessBackend(_EnvHost):
     def __init__(self, factory: EnvFactory, num_envs: int):
         super().__init__(factory, num_envs)
@@ -245,6 +388,10 @@ class _InProcessBackend(_EnvHost):
 
     def step(self, requests: Sequence[tuple[int, Any]]) -> list[Any]:
         return self.run("step", requests)
+
+    def call_envs(self, cmd: str, requests: Sequence[tuple]) -> list[Any]:
+        """``"snapshot"`` ``[(index,)]`` or ``"restore"`` ``[(index, snapshot)]``, per env."""
+        return self.run(cmd, requests)
 
 
 class WorkerDied(RuntimeError):
@@ -341,6 +488,19 @@ class _ShardedBackend:
             if w in lost:
                 why = f"{lost[w]}; its envs restart at the next reset"
                 results[r[0]] = _Failure(why, raised=False)
+        return [results[r[0]] for r in requests]
+
+    def call_envs(self, cmd: str, requests: Sequence[tuple]) -> list[Any]:
+        """``"snapshot"`` / ``"restore"`` per env (snapshots travel pickled, so a snapshot of
+        one worker's env restores into another's); an env whose worker was lost gets a
+        :class:`_Failure` (its worker restarts, so its envs need a reset)."""
+        results, lost = self._roundtrip(cmd, requests)
+        for r in requests:
+            w = int(self.owner[r[0]])
+            if w in lost:
+                results[r[0]] = _Failure(
+                    f"{lost[w]}; its envs restart at the next reset", raised=False
+                )
         return [results[r[0]] for r in requests]
 
 
@@ -1025,6 +1185,205 @@ class GroupVectorEnv(gym.vector.VectorEnv):
             self._truncated.copy(),
             list(self._infos),
         )
+
+    # ------------------------------------------------------------------------------------------
+    # branching: start envs from snapshots, or copy one env's state and record into others
+    # ------------------------------------------------------------------------------------------
+    def snapshot(self, i: int) -> EnvSnapshot:
+        """Env ``i``'s state now (any backend), with its wrappers' state: a
+        :class:`GroupEnvSnapshot`, immutable and picklable, for :meth:`reset_to` of this or
+        another vector env of the same id, arguments and wrappers."""
+        self._check_open()
+        i = self._env_index(i, "snapshot(i)")
+        if self._reset_needed is not None:
+            raise gym.error.ResetNeeded(self._reset_needed)
+        (res,) = self._backend.call_envs("snapshot", [(i,)])
+        if isinstance(res, _Failure):
+            raise self._env_error([i], [res], "snapshot")
+        return res
+
+    def reset_to(
+        self,
+        snapshots: Sequence[EnvSnapshot],
+        prefixes: Sequence[Trajectory | None] | None = None,
+    ) -> tuple[list[str], list[dict[str, Any]]]:
+        """Start every env from a snapshot: env ``i`` is restored to ``snapshots[i]``.
+
+        Args:
+            snapshots: ``num_envs`` snapshots, from :meth:`snapshot` (of this or another vector
+                env built alike) or, for envs without wrappers of their own, from
+                ``env.unwrapped.snapshot()``. One snapshot may appear many times (k copies).
+            prefixes: optional, ``num_envs`` entries: env ``i``'s trajectory record starts as a
+                copy of ``prefixes[i].steps`` (the steps that led to ``snapshots[i]``) with
+                ``branch_step = len(prefix.steps)`` and ``branch_of`` the prefix's
+                ``(group_id, traj_id)``; None entries (or no ``prefixes``) start empty records.
+
+        Returns:
+            ``(obs, infos)``: each env's last observation and info at its snapshot (infos in
+            the vector env's ``info_layout``, as :meth:`reset` returns them). Envs whose
+            snapshot was taken after their episode ended start done (``active[i] == False``);
+            group ids are as after :meth:`reset` (env ``i`` in group ``i // group_size``) and
+            every env gets a new ``traj_id``.
+
+        Raises:
+            ValueError: wrong lengths, or a prefix that does not end in its snapshot's state.
+            SnapshotMismatch: a snapshot of another id, variant or wrapper stack; the message
+                names the first such env. A failed ``reset_to`` leaves ``step()`` asking for a
+                reset (or another ``reset_to``).
+        """
+        self._check_open()
+        if len(snapshots) != self.num_envs:
+            raise ValueError(f"reset_to() got {len(snapshots)} snapshots, expected {self.num_envs}")
+        if prefixes is not None and len(prefixes) != self.num_envs:
+            raise ValueError(f"reset_to() got {len(prefixes)} prefixes, expected {self.num_envs}")
+        for i, snap in enumerate(snapshots):
+            if not isinstance(snap, EnvSnapshot):
+                raise TypeError(
+                    f"snapshots[{i}] is a {type(snap).__name__}, not an EnvSnapshot; take "
+                    "snapshots with vec.snapshot(i) or env.unwrapped.snapshot()"
+                )
+            prefix = prefixes[i] if prefixes is not None else None
+            if prefix is not None and prefix.steps:
+                end = prefix.steps[-1].info.get("state_key", snap.state_key)
+                if end != snap.state_key:
+                    raise ValueError(
+                        f"prefixes[{i}] ends in state {end!r:.80} but snapshots[{i}] holds "
+                        f"{snap.state_key!r:.80}: pass the trajectory that led to the snapshot"
+                    )
+        self._reset_needed = "the last reset_to() did not complete; call reset() or reset_to()"
+        self.active[:] = False
+        try:
+            results = self._backend.call_envs("restore", list(enumerate(snapshots)))
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt("GroupVectorEnv.reset_to() interrupted") from None
+        failed = [i for i, res in enumerate(results) if isinstance(res, _Failure)]
+        if failed:
+            raise self._restore_error(failed, [results[i] for i in failed], "reset_to")
+
+        self.traj_ids = np.arange(self._next_traj_id, self._next_traj_id + self.num_envs)
+        self._next_traj_id += self.num_envs
+        self._trajs = []
+        for i, (obs, info) in enumerate(results):
+            prefix = prefixes[i] if prefixes is not None else None
+            traj = Trajectory(
+                int(self.group_ids[i]), int(self.traj_ids[i]), str(info.get("task_id", ""))
+            )
+            if prefix is not None:
+                traj.steps = [copy.copy(step) for step in prefix.steps]
+                traj.branch_step = len(prefix.steps)
+                traj.branch_of = (prefix.group_id, prefix.traj_id)
+            self._set_done(i, traj, snapshots[i].done, info)
+            self._obs[i], self._infos[i] = obs, info
+            self.step_index[i] = len(traj.steps)
+            self._trajs.append(traj)
+        self._reset_needed = None
+        if self.info_layout == "gymnasium":
+            return list(self._obs), self._gymnasium_infos(np.ones(self.num_envs, dtype=bool))
+        return list(self._obs), list(self._infos)
+
+    def branch(self, source: int, targets: Sequence[int]) -> tuple[list[str], list[dict[str, Any]]]:
+        """Mid-rollout, make every env in ``targets`` a copy of env ``source`` as it is now.
+
+        Each target gets the source's state (env and wrappers, shipped between workers by the
+        process and Ray backends) and a new trajectory record: a copy of the source's steps so
+        far, with ``branch_step = len(source steps)`` and ``branch_of = (source group_id,
+        source traj_id)``; its ``traj_id`` is new, its ``group_id`` stays ``target //
+        group_size``. The source carries on unchanged. Targets are active unless the source's
+        episode has ended. To draw k continuations of one state, branch the source into k - 1
+        targets (the source continues as the k-th) or into k targets; see :class:`Trajectory`
+        for how a trainer finds the siblings.
+
+        Returns ``(obs, infos)`` of the targets, in ``targets`` order: lists, one observation
+        and one info dict per target, whatever ``info_layout`` is.
+        """
+        self._check_open()
+        source = self._env_index(source, "branch() source")
+        targets = [self._env_index(t, "branch() target") for t in targets]
+        if source in targets or len(set(targets)) != len(targets):
+            raise ValueError(
+                f"branch() targets {targets} must be distinct envs other than the source {source}"
+            )
+        if self._reset_needed is not None:
+            raise gym.error.ResetNeeded(self._reset_needed)
+        if not targets:
+            return [], []
+        snap = self.snapshot(source)
+        try:
+            results = self._backend.call_envs("restore", [(t, snap) for t in targets])
+        except BaseException as exc:
+            self._reset_needed = (
+                f"the last branch() was interrupted ({type(exc).__name__}), so the records of "
+                "its targets no longer match the envs; call reset() or reset_to()"
+            )
+            raise
+        src = self._trajs[source]
+        failed = []
+        for t, res in zip(targets, results, strict=True):
+            self.traj_ids[t] = self._next_traj_id
+            self._next_traj_id += 1
+            if isinstance(res, _Failure):  # the target holds no episode now: it stays done
+                failed.append(t)
+                reason = f"branch() could not restore it: {res.reason}"
+                self._trajs[t] = Trajectory(
+                    int(self.group_ids[t]),
+                    int(self.traj_ids[t]),
+                    src.task_id,
+                    truncated=True,
+                    truncation_reason=reason,
+                )
+                self.active[t], self._terminated[t], self._truncated[t] = False, False, True
+                self._infos[t] = dict(self._infos[t], truncation_reason=reason)
+                continue
+            obs, info = res
+            traj = Trajectory(
+                int(self.group_ids[t]),
+                int(self.traj_ids[t]),
+                src.task_id,
+                [copy.copy(step) for step in src.steps],
+                branch_step=len(src.steps),
+                branch_of=(src.group_id, src.traj_id),
+            )
+            self._set_done(t, traj, snap.done, info)
+            traj.truncation_reason = src.truncation_reason
+            self._obs[t], self._infos[t] = obs, info
+            self.step_index[t] = len(traj.steps)
+            self._trajs[t] = traj
+        if failed:
+            raise self._restore_error(failed, [results[targets.index(t)] for t in failed], "branch")
+        return [self._obs[t] for t in targets], [self._infos[t] for t in targets]
+
+    def _env_index(self, i: Any, what: str) -> int:
+        if not isinstance(i, (int, np.integer)) or not 0 <= i < self.num_envs:
+            raise IndexError(f"{what} must be an env index in [0, {self.num_envs}), got {i!r}")
+        return int(i)
+
+    def _set_done(
+        self, i: int, traj: Trajectory, done: tuple[bool, bool] | None, info: dict[str, Any]
+    ) -> None:
+        """Env ``i`` (and its record) as the restored episode is: active, or ended."""
+        terminated, truncated = done if done is not None else (False, False)
+        self.active[i] = done is None
+        self._terminated[i], self._truncated[i] = terminated, truncated
+        traj.terminated, traj.truncated = bool(terminated), bool(truncated)
+        if done is not None:
+            traj.won = bool(info.get("won", False))
+            if truncated:
+                traj.truncation_reason = info.get("truncation_reason", "step limit")
+
+    def _restore_error(self, failed: list[int], failures: list[_Failure], call: str) -> Exception:
+        """A refused snapshot is the env's :class:`SnapshotMismatch` (naming the env index);
+        anything else an :class:`EnvError`."""
+        first, res = failed[0], failures[0]
+        if res.reason.startswith(("SnapshotMismatch:", "TypeError:", "ValueError:")):
+            more = f" (and {len(failed) - 1} more: envs {failed[1:]})" if len(failed) > 1 else ""
+            kind = SnapshotMismatch if res.reason.startswith("SnapshotMismatch") else ValueError
+            group = int(self.group_ids[first])
+            err = kind(
+                f"{call}(): env {first} (group {group}){more} refused its snapshot: {res.reason}"
+            )
+            err.__cause__ = res.exc
+            return err
+        return self._env_error(failed, failures, call)
 
     # ------------------------------------------------------------------------------------------
     @property
