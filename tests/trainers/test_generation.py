@@ -263,3 +263,28 @@ def test_resumed_run_on_cuda_samples_the_uninterrupted_rollout(tmp_path):
     resumed = train(corridor("a", resume=str(tmp_path / "a" / "checkpoint-2")))
     rollout = [k for k in full[2] if k.startswith("rollout/") and k != "rollout/logprob_diff"]
     assert rollout and {k: resumed[2][k] for k in rollout} == {k: full[2][k] for k in rollout}
+
+
+def test_low_precision_generation_copy_follows_the_trained_weights():
+    """With ``generation_dtype`` the policy decodes from a bf16 copy; ``sync_weights`` after
+    an update refreshes it in place (a captured decode step keeps its tensor addresses)."""
+    from trainers.gigpo.tiny import build_model, build_tokenizer
+
+    tok = build_tokenizer(["Room 1 of 3 . Light comes through the red door . blue green back"])
+    model = build_model(tok, seed=2)
+    policy = HFPolicy(model, tok, max_new_tokens=4, generation_dtype=torch.bfloat16)
+    copy = policy.generation_model
+    assert copy is not model and {p.dtype for p in copy.parameters()} == {torch.bfloat16}
+    addresses = [p.data_ptr() for p in copy.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():  # stands in for an optimizer step
+            p.add_(torch.randn_like(p) * 0.1)
+    policy.sync_weights(model)
+    assert [p.data_ptr() for p in copy.parameters()] == addresses
+    for g, t in zip(copy.parameters(), model.parameters(), strict=True):
+        assert torch.equal(g, t.to(torch.bfloat16))
+    prompts = ["Room 1 of 3.", "back"]
+    fresh = HFPolicy(model.to(torch.bfloat16), tok, max_new_tokens=4)  # the same weights, cast
+    assert [g.response_ids for g in policy.generate(prompts, temperature=0)] == [
+        g.response_ids for g in fresh.generate(prompts, temperature=0)
+    ]

@@ -16,6 +16,7 @@ diagnostics (``rollout/logprob_diff``).
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -83,6 +84,9 @@ class HFPolicy:
     compiled (CUDA-graph) decode step (``compile``: None = on CUDA only). ``fast=False`` calls
     ``generate`` (the reference path; the two give the same greedy tokens, and the same
     sampled tokens when no row is dropped, see ``tests/trainers/test_generation.py``).
+    ``generation_dtype`` (fast path only; the trainer passes bf16 on GPU) decodes with a copy
+    of the model in that dtype, refreshed by :meth:`sync_weights` after every update, instead
+    of the fp32 training weights under ``autocast``.
     """
 
     def __init__(
@@ -98,6 +102,7 @@ class HFPolicy:
         autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
         fast: bool = True,
         compile: bool | None = None,
+        generation_dtype: torch.dtype | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -120,12 +125,27 @@ class HFPolicy:
                 stacklevel=2,
             )
             self.fast = False
+        # Decoding reads every weight once per token: from fp32 weights under autocast that is
+        # a read, a cast and a write per step, 4x the bytes of reading a low-precision copy.
+        self.generation_model = model
+        if self.fast and generation_dtype is not None:
+            self.generation_model = copy.deepcopy(model).to(generation_dtype)
+            self.generation_model.eval().requires_grad_(False)
         self.decoder = StaticDecoder(
-            model, eos_ids=self.eos_ids, pad_id=self.pad_id, compile=compile
+            self.generation_model, eos_ids=self.eos_ids, pad_id=self.pad_id, compile=compile
         )
 
+    @torch.no_grad()
     def sync_weights(self, model: torch.nn.Module) -> None:
-        """Nothing to do: generation runs on the trained model."""
+        """Copy ``model``'s weights into the low-precision generation copy, if there is one
+        (in place: a captured decode step keeps reading the same tensors); otherwise nothing
+        to do, generation runs on the trained model."""
+        if self.generation_model is self.model:
+            return
+        for target, source in zip(
+            self.generation_model.parameters(), model.parameters(), strict=True
+        ):
+            target.copy_(source)
 
     @torch.no_grad()
     def generate(
@@ -160,7 +180,7 @@ class HFPolicy:
                 max_new_tokens=self.max_new_tokens,
                 temperature=temperature,
                 top_p=self.top_p,
-                autocast=self.autocast,
+                autocast=self.autocast if self.generation_model is self.model else nullcontext,
             )
             return [
                 Generation(self.tokenizer.decode(r, skip_special_tokens=True), p, r, lp)

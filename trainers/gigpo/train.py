@@ -729,6 +729,10 @@ def train(config: Config) -> list[dict[str, Any]]:
             autocast=autocast,
             fast=config.hf_generation == "static",
             compile=config.compile_decode,
+            # On GPU the decoder reads a bf16 copy of the weights (synced after each update).
+            generation_dtype=compute_dtype
+            if device.type == "cuda" and compute_dtype != torch.float32
+            else None,
         )
     else:
         raise ValueError(
