@@ -222,6 +222,11 @@ class StaticDecoder:
         Returns per row the response ids (up to and including the first end token) and their
         log-probs. The model must be in eval mode (the caller's job, as for ``generate``).
         """
+        if max_new_tokens < 1 or not batch or min(len(p) for p in batch) < 1:
+            raise ValueError(
+                f"need max_new_tokens >= 1 (got {max_new_tokens}) and at least one prompt, "
+                "each of at least one token"
+            )
         device = next(self.model.parameters()).device
         step_fn = self._step(device, max_new_tokens)
         compiled = step_fn != self._forward  # bound methods: equal, never identical
