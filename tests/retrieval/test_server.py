@@ -397,7 +397,20 @@ def test_cli_serve_answers_over_a_built_bm25_index(tmp_path: Path, corpus_path: 
     )
     port = _free_port()
     proc = subprocess.Popen(
-        [*agentgym, "serve", "--index", str(index_dir), "--port", str(port)],
+        [
+            *agentgym,
+            "serve",
+            "--index",
+            str(index_dir),
+            "--port",
+            str(port),
+            "--max-topk",
+            "5",
+            "--default-topk",
+            "2",
+            "--threads",
+            "1",
+        ],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -419,12 +432,125 @@ def test_cli_serve_answers_over_a_built_bm25_index(tmp_path: Path, corpus_path: 
         r = httpx.post(url + "/retrieve", json={"queries": queries, "return_scores": True})
         assert r.status_code == 200
         direct = open_retriever(index_dir)
-        try:
-            assert r.json()["result"] == expected_json(direct, queries, 3, return_scores=True)
+        try:  # --default-topk 2 is the depth of a request that leaves topk out
+            assert r.json()["result"] == expected_json(direct, queries, 2, return_scores=True)
         finally:
             direct.close()
+        too_deep = httpx.post(url + "/retrieve", json={"queries": queries, "topk": 6})
+        assert too_deep.status_code == 422 and "between 1 and 5" in too_deep.json()["detail"]
+        health = httpx.get(url + "/health").json()
+        assert (health["max_topk"], health["default_topk"]) == (5, 2)
     finally:
         proc.terminate()
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode is not None
     assert "BM25" in out  # it logs what it serves
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--default-topk", "7", "--max-topk", "5"], "--default-topk must be between 1 and"),
+        (["--max-topk", "0"], "--max-topk must be >= 1"),
+        (["--threads", "0"], "--threads must be >= 1"),
+        (["--batch-wait-ms", "-1"], "--batch-wait-ms must be >= 0"),
+    ],
+)
+def test_cli_serve_refuses_bad_options_in_one_line(tmp_path: Path, corpus_path: Path, flags, words):
+    from agentgym.retrieval.build import build_index
+
+    index_dir = tmp_path / "bm25"
+    build_index(corpus_path, index_dir, "bm25", show_progress=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "agentgym.cli", "retrieval", "serve", "--index", str(index_dir)]
+        + flags,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert words in r.stderr and "Traceback" not in r.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# Adaptive batch size
+
+
+def test_search_cost_fit_recovers_fixed_and_per_query_cost():
+    from agentgym.retrieval.server import _MIN_ADAPTIVE_BATCH, _SearchCost
+
+    cost = _SearchCost()
+    assert cost.batch_cap(512) == 512  # nothing seen yet: no cap
+    for n in (1, 1, 1, 1):
+        cost.add(n, 0.005)
+    assert cost.fit() is None and cost.batch_cap(512) == 512  # one size only: no slope
+    cost = _SearchCost()
+    for n in (1, 4, 16, 64, 2, 32) * 3:
+        cost.add(n, 0.010 + 0.0001 * n)
+    fixed, per_query = cost.fit()
+    assert fixed == pytest.approx(0.010, rel=0.05)
+    assert per_query == pytest.approx(0.0001, rel=0.05)
+    # fixed cost = 10% of the batch's time at n = 0.010 * 0.9 / (0.1 * 0.0001) = 900
+    assert cost.batch_cap(512) == 512 and cost.batch_cap(10_000) == pytest.approx(900, abs=30)
+
+    no_fixed = _SearchCost()
+    for n in (1, 4, 16, 64, 2, 32) * 3:
+        no_fixed.add(n, 0.0005 * n)
+    assert no_fixed.batch_cap(512) == _MIN_ADAPTIVE_BATCH
+
+
+class CostedRetriever(RecordingRetriever):
+    """A real BM25 search that takes ``fixed_s + per_query_s * len(queries)`` seconds at least
+    (an index with, or without, a per-call cost such as a query encoder's forward pass)."""
+
+    def __init__(self, inner: BM25Retriever, fixed_s: float, per_query_s: float) -> None:
+        super().__init__(inner)
+        self.fixed_s, self.per_query_s = fixed_s, per_query_s
+
+    def search(self, queries: Sequence[str], topk: int = 3) -> list[list[Hit]]:
+        time.sleep(self.fixed_s + self.per_query_s * len(queries))
+        return super().search(queries, topk)
+
+
+def _varied_searches(url: str, questions: list[str]) -> None:
+    """Requests of 1..16 queries one after another: one search each, of varied sizes."""
+    with httpx.Client(timeout=30) as client:
+        for n in (1, 4, 16, 2, 8, 1, 16, 4):
+            r = client.post(url + "/retrieve", json={"queries": questions[:n]})
+            assert r.status_code == 200
+
+
+def test_adaptive_batch_streams_small_searches_for_a_retriever_without_fixed_cost(bm25, questions):
+    recorder = CostedRetriever(bm25, fixed_s=0.0, per_query_s=0.004)
+    with serve_in_thread(create_app(recorder)) as running:
+        _varied_searches(running.url, questions)
+        cap = httpx.get(running.url + "/health").json()["batch_cap"]
+        # no fixed cost: nothing to amortise, so batches shrink to the floor (sleep overshoot
+        # on a busy machine reads as a little fixed cost, hence the margin)
+        assert cap < 64
+        recorder.calls.clear()
+        payloads = [{"queries": [q], "topk": 3} for q in questions[:48]]
+        responses = asyncio.run(post_all(running.url, payloads))
+    assert [r.json()["result"] for r in responses] == [
+        expected_json(bm25, [q], 3, return_scores=False) for q in questions[:48]
+    ]
+    # the burst is cut into several searches of at most the cap, none of all 48 at once
+    assert len(recorder.calls) > 1
+    assert max(len(queries) for queries, _ in recorder.calls) <= max(cap, 1)
+
+
+def test_adaptive_batch_keeps_large_batches_where_a_call_has_a_fixed_cost(bm25, questions):
+    recorder = CostedRetriever(bm25, fixed_s=0.05, per_query_s=0.0001)
+    with serve_in_thread(create_app(recorder)) as running:
+        _varied_searches(running.url, questions)
+        health = httpx.get(running.url + "/health").json()
+    assert health["adaptive_batch"] is True
+    assert health["batch_cap"] == 512  # 50 ms a call: batch as large as allowed
+
+
+def test_fixed_batch_never_caps(bm25, questions):
+    recorder = CostedRetriever(bm25, fixed_s=0.0, per_query_s=0.004)
+    with serve_in_thread(create_app(recorder, adaptive_batch=False)) as running:
+        _varied_searches(running.url, questions)
+        health = httpx.get(running.url + "/health").json()
+    assert health["adaptive_batch"] is False and health["batch_cap"] == 512
