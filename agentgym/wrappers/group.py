@@ -302,8 +302,8 @@ class GroupEnvSnapshot(EnvSnapshot):
 
     Wrappers keep their episode state (a prompt renderer's history, gymnasium's
     ``OrderEnforcing`` flag) in underscore attributes; those are carried, pickled, with the
-    observation and info the wrappers last returned. Still an ``EnvSnapshot``: it restores
-    into a bare ``env.unwrapped`` as well.
+    observation and info the wrappers last returned (so those attributes must pickle). Still an
+    ``EnvSnapshot``: it restores into a bare ``env.unwrapped`` as well.
     """
 
     wrapped: bytes = b""
@@ -1199,6 +1199,8 @@ class GroupVectorEnv(gym.vector.VectorEnv):
             raise gym.error.ResetNeeded(self._reset_needed)
         (res,) = self._backend.call_envs("snapshot", [(i,)])
         if isinstance(res, _Failure):
+            if not res.raised:
+                self._end_worker_envs(i, res.reason)
             raise self._env_error([i], [res], "snapshot")
         return res
 
@@ -1348,9 +1350,23 @@ class GroupVectorEnv(gym.vector.VectorEnv):
             self._obs[t], self._infos[t] = obs, info
             self.step_index[t] = len(traj.steps)
             self._trajs[t] = traj
+        for t in failed:
+            if not results[targets.index(t)].raised:
+                self._end_worker_envs(t, results[targets.index(t)].reason)
         if failed:
             raise self._restore_error(failed, [results[targets.index(t)] for t in failed], "branch")
         return [self._obs[t] for t in targets], [self._infos[t] for t in targets]
+
+    def _end_worker_envs(self, i: int, reason: str) -> None:
+        """Env ``i``'s worker was lost (a fresh one holds new envs): every episode it held ends
+        truncated, as a lost worker's episodes do in ``step``."""
+        owner = getattr(self._backend, "owner", None)
+        held = np.flatnonzero(owner == owner[i]) if owner is not None else [i]
+        for j in held:
+            if self.active[j]:
+                self.active[j], self._truncated[j] = False, True
+                self._trajs[j].truncated, self._trajs[j].truncation_reason = True, reason
+                self._infos[j] = dict(self._infos[j], truncation_reason=reason)
 
     def _env_index(self, i: Any, what: str) -> int:
         if not isinstance(i, (int, np.integer)) or not 0 <= i < self.num_envs:
@@ -1435,11 +1451,12 @@ class GroupVectorEnv(gym.vector.VectorEnv):
         first, res = failed[0], failures[0]
         group = int(self.group_ids[first])
         more = f" (and {len(failed) - 1} more: envs {failed[1:]})" if len(failed) > 1 else ""
-        after = (
-            "its episode ended truncated; the other envs took their step"
-            if call == "step"
-            else "call reset() again with options every env accepts"
-        )
+        after = {
+            "step": "its episode ended truncated; the other envs took their step",
+            "snapshot": "no env changed, unless its worker was lost: then its episodes ended",
+            "branch": "those targets hold no episode and stay done until the next reset",
+            "reset_to": "call reset() or reset_to() again",
+        }.get(call, "call reset() again with options every env accepts")
         where = "" if res.exc is not None else f"\nThe env's traceback:\n{res.traceback}"
         err = EnvError(
             f"env {first} (group {group}) raised {res.reason} during {call}(){more}; {after}"

@@ -9,7 +9,9 @@ which env refused them.
 
 from __future__ import annotations
 
+import os
 import pickle
+import signal
 
 import gymnasium as gym
 import numpy as np
@@ -19,7 +21,7 @@ import agentgym  # noqa: F401 - registers the ids
 from agentgym.core import SnapshotMismatch
 from agentgym.rollout import random_policy
 from agentgym.wrappers import GroupVectorEnv
-from agentgym.wrappers.group import EnvFactory, GroupEnvSnapshot
+from agentgym.wrappers.group import EnvError, EnvFactory, GroupEnvSnapshot
 from agentgym.wrappers.llm import make_llm_env
 
 ENV = "AgentGym/Corridor-v0"
@@ -273,3 +275,28 @@ def other_state():
     snap = fresh.snapshot(1)
     fresh.close()
     return snap
+
+
+def test_branch_into_a_dead_worker_ends_that_target_only():
+    vec = make_vec("process")
+    try:
+        obs, infos = vec.reset(seed=4)
+        os.kill(vec._backend.procs[1].pid, signal.SIGKILL)  # envs 3-5
+        vec._backend.procs[1].wait(timeout=10)
+        with pytest.raises(EnvError, match=r"env 4 .*branch\(\)") as caught:
+            vec.branch(0, [1, 4])
+        assert caught.value.failed == [4]
+        assert vec.active[1] and not vec.active[4]
+        # envs 3 and 5 lived in the lost worker: their episodes ended too, the others go on
+        assert vec.active.tolist() == [True, True, True, False, False, False]
+        assert vec.trajectories()[3].truncated and "died" in vec.trajectories()[3].truncation_reason
+        assert vec.trajectories()[1].branch_of == (0, vec.trajectories()[0].traj_id)
+        assert (
+            vec.trajectories()[4].truncated and "branch()" in vec.infos_list[4]["truncation_reason"]
+        )
+        obs, *_ = vec.step(["red"] * 6)  # the others step on; the dead worker's envs are done
+        assert obs[1] == obs[0]
+        vec.reset(seed=4)  # a reset brings the restarted worker's envs back
+        assert vec.active.all()
+    finally:
+        vec.close()
