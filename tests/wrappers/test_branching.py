@@ -300,3 +300,18 @@ def test_branch_into_a_dead_worker_ends_that_target_only():
         assert vec.active.all()
     finally:
         vec.close()
+
+
+def test_branches_of_branches_form_a_tree():
+    vec = GroupVectorEnv(ENV, 1, 4)
+    vec.reset(seed=8)
+    vec.step(["xyzzy"] * 4)
+    vec.branch(0, [1])  # level 1: branch point after step 1
+    vec.step(["red", "blue", "xyzzy", "xyzzy"])
+    vec.branch(1, [2, 3])  # level 2: from the branch, after step 2
+    root, mid, leaf_a, leaf_b = vec.trajectories()
+    assert (mid.branch_of, mid.branch_step) == ((0, root.traj_id), 1)
+    assert {(t.branch_of, t.branch_step) for t in (leaf_a, leaf_b)} == {((0, mid.traj_id), 2)}
+    assert leaf_a.steps == mid.steps and leaf_a.steps[:1] == root.steps[:1]
+    assert leaf_a.steps[1].action == "blue" and root.steps[1].action == "red"
+    vec.close()
