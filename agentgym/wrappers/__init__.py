@@ -1,8 +1,11 @@
 """Env -> env transforms (LLM prompt rendering and output parsing) and the group-rollout vector env."""
 
 from agentgym.wrappers.group import (
+    EnvError,
     EnvFactory,
+    GroupEnvSnapshot,
     GroupVectorEnv,
+    ResetNeeded,
     Step,
     Trajectory,
     make_group_vector_env,
@@ -23,8 +26,11 @@ from agentgym.wrappers.llm import (
 )
 
 __all__ = [
+    "EnvError",
     "EnvFactory",
+    "GroupEnvSnapshot",
     "GroupVectorEnv",
+    "ResetNeeded",
     "Step",
     "Trajectory",
     "make_group_vector_env",
