@@ -331,11 +331,13 @@ class _SearchCost:
             return None
         return max(mean_t - per_query * mean_n, 0.0), per_query
 
-    def batch_cap(self, max_batch_queries: int) -> int:
-        """The batch size at which the fixed cost is ``_FIXED_COST_SHARE`` of the search."""
+    def batch_cap(self, max_batch_queries: int) -> int | None:
+        """The batch size at which the fixed cost is ``_FIXED_COST_SHARE`` of the search, or None
+        while the fit is not identifiable (then the caller keeps the cap it has: under a
+        steady load every batch is at the cap, which says nothing new about the cost)."""
         fitted = self.fit()
         if fitted is None:
-            return max_batch_queries
+            return None
         fixed, per_query = fitted
         best = fixed * (1 - _FIXED_COST_SHARE) / (_FIXED_COST_SHARE * per_query)
         return int(min(max(best, _MIN_ADAPTIVE_BATCH), max_batch_queries))
@@ -457,8 +459,9 @@ class _Batcher:
             self.stats.search_seconds += seconds
         if self.adaptive:
             self.cost.add(len(queries), seconds)
-            self.batch_cap = self.cost.batch_cap(self.max_batch_queries)
-            self.stats.batch_cap = self.batch_cap
+            cap = self.cost.batch_cap(self.max_batch_queries)
+            if cap is not None:
+                self.batch_cap = self.stats.batch_cap = cap
         if len(hits) != len(queries):
             raise RuntimeError(
                 f"{type(self.retriever).__name__}.search returned {len(hits)} result lists "

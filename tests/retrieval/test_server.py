@@ -480,10 +480,10 @@ def test_search_cost_fit_recovers_fixed_and_per_query_cost():
     from agentgym.retrieval.server import _MIN_ADAPTIVE_BATCH, _SearchCost
 
     cost = _SearchCost()
-    assert cost.batch_cap(512) == 512  # nothing seen yet: no cap
+    assert cost.batch_cap(512) is None  # nothing seen yet: no opinion
     for n in (1, 1, 1, 1):
         cost.add(n, 0.005)
-    assert cost.fit() is None and cost.batch_cap(512) == 512  # one size only: no slope
+    assert cost.fit() is None and cost.batch_cap(512) is None  # one size only: no slope
     cost = _SearchCost()
     for n in (1, 4, 16, 64, 2, 32) * 3:
         cost.add(n, 0.010 + 0.0001 * n)
@@ -497,6 +497,9 @@ def test_search_cost_fit_recovers_fixed_and_per_query_cost():
     for n in (1, 4, 16, 64, 2, 32) * 3:
         no_fixed.add(n, 0.0005 * n)
     assert no_fixed.batch_cap(512) == _MIN_ADAPTIVE_BATCH
+    for _ in range(400):  # then a long steady load at the cap: the fit fades, the cap stays
+        no_fixed.add(_MIN_ADAPTIVE_BATCH, 0.0005 * _MIN_ADAPTIVE_BATCH)
+    assert no_fixed.batch_cap(512) is None
 
 
 class CostedRetriever(RecordingRetriever):
@@ -529,14 +532,15 @@ def test_adaptive_batch_streams_small_searches_for_a_retriever_without_fixed_cos
         # on a busy machine reads as a little fixed cost, hence the margin)
         assert cap < 64
         recorder.calls.clear()
-        payloads = [{"queries": [q], "topk": 3} for q in questions[:48]]
+        payloads = [{"queries": [q], "topk": 3} for q in questions]
         responses = asyncio.run(post_all(running.url, payloads))
     assert [r.json()["result"] for r in responses] == [
-        expected_json(bm25, [q], 3, return_scores=False) for q in questions[:48]
+        expected_json(bm25, [q], 3, return_scores=False) for q in questions
     ]
-    # the burst is cut into several searches of at most the cap, none of all 48 at once
-    assert len(recorder.calls) > 1
-    assert max(len(queries) for queries, _ in recorder.calls) <= max(cap, 1)
+    # the burst of 96 is cut into several small searches (the cap follows each search's timing,
+    # so it may move a little during the burst)
+    assert len(recorder.calls) > 2
+    assert max(len(queries) for queries, _ in recorder.calls) < 64
 
 
 def test_adaptive_batch_keeps_large_batches_where_a_call_has_a_fixed_cost(bm25, questions):
