@@ -18,6 +18,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -27,15 +28,24 @@ import agentgym
 from agentgym.envs import ENTRIES, install_hint
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an int >= 1 (checked before any work starts)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``low``, checked before any work starts."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a whole number >= {low}, got {text!r}"
+            ) from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+_positive_int = int_at_least(1)
 
 
 def _writable_file(text: str) -> str:
@@ -418,7 +428,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.error("choose a command: list, play, rollout, bench, retrieval or serve ('agentgym -h')")
+        parser.error(
+            "choose a command: list, play, rollout, bench, retrieval or serve ('agentgym -h')"
+        )
     try:
         return int(args.func(args) or 0)
     except KeyError as exc:  # unknown ids from the registry

@@ -16,6 +16,8 @@ import argparse
 import json
 import sys
 
+from agentgym.cli import int_at_least
+
 
 def _resolve(env_id: str) -> str:
     """Accept ``Sokoban-v0`` or a full id; raise ``KeyError`` listing the known ids otherwise."""
@@ -35,26 +37,6 @@ def _session_timeout(text: str) -> float | None:
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected seconds >= 0 (0: no timeout), got {text}")
     return value or None
-
-
-def _max_sessions(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _history_length(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 def _port(text: str) -> int:
@@ -118,7 +100,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--max-sessions",
-        type=_max_sessions,
+        type=int_at_least(1),
         default=32,  # openenv_server.DEFAULT_MAX_SESSIONS (tested equal)
         help="sessions served at once; a connection beyond them gets an error (32)",
     )
@@ -142,7 +124,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--history-length",
-        type=_history_length,
+        type=int_at_least(0),
         default=2,
         help="with --llm: past (observation, action) pairs in each prompt (2)",
     )
