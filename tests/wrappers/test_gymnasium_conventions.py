@@ -218,3 +218,45 @@ def test_cli_rollout_runs_on_ray():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "backend ray" in out.stdout + out.stderr
+
+
+_HEAD = """
+import ray, sys, time
+ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+print(ray._private.worker._global_node.address_info["gcs_address"], flush=True)
+sys.stdin.read()  # stays up until the test closes stdin
+"""
+
+
+@pytest.mark.slow
+def test_ray_address_joins_a_running_cluster_and_leaves_it_running():
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    # the cluster: started by another driver, as `ray start --head` would on a head node
+    head = subprocess.Popen(
+        [sys.executable, "-c", _HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        address = head.stdout.readline().strip()
+        assert address, "the head driver did not start Ray"
+        vec = GroupVectorEnv(
+            ENV,
+            1,
+            2,
+            backend="ray",
+            num_workers=1,
+            ray_address=address,
+            ray_options={"num_cpus": 0},
+        )
+        assert ray.is_initialized()
+        assert ray.get_runtime_context().gcs_address == address
+        vec.reset(seed=0)
+        vec.close()
+        assert not ray.is_initialized()  # this driver left the cluster...
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+        assert ray.cluster_resources().get("CPU") == 1  # ...which is still up
+        ray.shutdown()
+    finally:
+        head.stdin.close()
+        head.wait(timeout=60)
