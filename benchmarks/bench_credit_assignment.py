@@ -38,7 +38,7 @@ the same seeds and the same number of episodes per iteration, as
 ``credit_curves.json`` and ``credit_curves.png`` (median held-out success, min-max band).
 
     python benchmarks/bench_credit_assignment.py variance          # ~15 s
-    python benchmarks/bench_credit_assignment.py curves --jobs 2   # ~6 min on 2 idle cores
+    python benchmarks/bench_credit_assignment.py curves --jobs 2   # 10-16 min on 2 cores
 """
 
 from __future__ import annotations
@@ -300,7 +300,7 @@ def plot_curves(summary: dict, path: Path) -> None:
     ax.set_xlabel("iteration (equal episodes per iteration)")
     ax.set_ylabel("held-out success rate")
     ax.set_ylim(0, 1)
-    ax.set_title("Corridor: credit assignment at equal samples (median, min-max over seeds)")
+    ax.set_title("Corridor, equal samples: median and min-max over seeds", fontsize=10)
     ax.legend()
     fig.tight_layout()
     tmp = path.with_suffix(".tmp.png")
