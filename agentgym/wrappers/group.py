@@ -817,6 +817,7 @@ class _RayBackend(_ShardedBackend):
         self.owns_ray = _RaySession.acquire(ray, address)
         self.actor_cls = ray.remote(_EnvHost).options(**{"num_cpus": 1, **(ray_options or {})})
         self.actors = [self._spawn(w) for w in range(len(self.slices))]
+        self.booting: set[int] = set()  # restarted actors not yet known to have built their envs
         # wait until every actor has built its envs, so construction errors surface here
         for w, actor in enumerate(self.actors):
             try:
@@ -869,6 +870,21 @@ class _RayBackend(_ShardedBackend):
     def _restart(self, w: int) -> None:
         self.ray.kill(self.actors[w], no_restart=True)
         self.actors[w] = self._spawn(w)
+        self.booting.add(w)
+
+    def _prepare(self, workers: Sequence[int]) -> None:
+        # A restarted actor first starts a process and builds its envs, which can take longer
+        # than a step (a loaded machine, data to load): wait for that with the construction
+        # allowance, so its first reset is not cut off by the step timeout.
+        booting = [w for w in workers if w in self.booting]
+        if not booting:
+            return
+        handles = {w: self._submit(w, "step", []) for w in booting}
+        answers = self._gather(handles, time.monotonic() + max(self.timeout, 600.0))
+        for w, out in answers.items():
+            self.booting.discard(w)
+            if isinstance(out, WorkerDied | _Failure):
+                raise RuntimeError(f"env worker {w} failed to build its envs: {out}")
 
     def close(self) -> None:
         if self.closed:
