@@ -41,16 +41,18 @@ server works). If a merged search raises, each of its requests is retried alone,
 that breaks the retriever fails only its own request.
 
 Batch size follows the retriever's cost (``adaptive_batch=True``, the default). Merging pays
-only for a retriever with a fixed cost per call (a query encoder's forward pass, a GEMM's
-setup); BM25 has almost none, and a batch of hundreds of its queries only makes every request
-wait for the slowest and the server answer in bursts: responses go out all at once, the next
-requests come back all at once, and server and clients take turns idling (measured: a 100k
-passage BM25 server at 256 clients answered 0.5-0.7x the queries/s of one search per request,
-on less CPU per query). So the batcher fits ``seconds = fixed + per_query * n`` to its recent
-searches and caps a batch at the size where the fixed cost falls under
+for a retriever with a fixed cost per call (a GPU encoder's launch, a forward pass's setup);
+BM25 has almost none, and there a batch of hundreds of queries only makes every request wait for
+the slowest and the server answer in bursts: responses go out all at once, the next requests
+come back all at once, and server and clients take turns idling. With 256 clients of a 100k
+passage BM25 server, merging everything queued answered 0.4-0.7x the queries/s of one search per
+request in most runs, on less CPU per query. So the batcher fits ``seconds = fixed + per_query
+* n`` to its recent searches and caps a batch where the fixed cost falls to
 ``_FIXED_COST_SHARE`` of the batch's time (never under ``_MIN_ADAPTIVE_BATCH``, never over
-``max_batch_queries``): a dense retriever with an encoder keeps large batches, BM25 streams
-small ones, and a large queue is cut into several searches whose answers go out in turn.
+``max_batch_queries``; the cap is in ``/health``): a retriever with a real per-call cost keeps
+large batches, BM25 streams small ones, and a long queue goes out as several searches whose
+answers leave in turn. A CPU query encoder sits in between: its cost grows with the batch, so
+it gets moderate batches.
 
 Searching and JSON encoding run in one worker thread, never on the event loop, so the server
 keeps accepting connections and answering ``/health`` during a long search. Documents are
