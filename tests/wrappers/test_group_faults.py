@@ -61,6 +61,9 @@ def ray_session():
     ray = pytest.importorskip("ray")
     # Ray workers cannot import test modules: ship this one's wrappers by value
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    # one Ray for the module, started here, so the envs join it instead of each starting its own
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     ray.shutdown()
