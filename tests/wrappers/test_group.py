@@ -172,7 +172,12 @@ def test_ray_backend_matches_inprocess_and_survives_a_killed_actor():
         b, _ = play(vec, seed=9)
         assert a == b
         vec.reset(seed=3)
-        ray.kill(vec._backend.actors[1], no_restart=True)
+        actor = vec._backend.actors[1]
+        ray.kill(actor, no_restart=True)
+        # ray.kill is asynchronous: wait until the actor is really gone, or the step may still
+        # reach it and the test would race the kill
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.run.remote("step", []), timeout=60)
         obs, rewards, terminated, truncated, infos = vec.step(["red"] * vec.num_envs)
         dead = np.arange(vec.num_envs) >= 4
         assert truncated[dead].all() and not vec.active[dead].any()
