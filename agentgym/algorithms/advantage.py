@@ -540,6 +540,17 @@ def gigpo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
     )
 
 
+def _episode_only(batch: AdvantageBatch, a_episode: np.ndarray) -> AdvantageResult:
+    """The result of an estimator with no step term: each row's advantage is ``a_episode``."""
+    return AdvantageResult(
+        advantages=a_episode.astype(np.float32),
+        returns=batch.returns,
+        episode_advantage=a_episode,
+        step_advantage=np.zeros(batch.n),
+        stats=step_group_stats(batch.step_group_count(), batch.n),
+    )
+
+
 @register_advantage("grpo")
 def grpo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
     """GRPO for multi-turn agents as verl-agent runs it: every step row of a trajectory gets the
@@ -549,13 +560,7 @@ def grpo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
     ``norm="mean_std_norm"`` for that; ``"mean_norm"`` is Dr. GRPO's variant.
     """
     a_episode = episode_advantage(batch, config)
-    return AdvantageResult(
-        advantages=a_episode.astype(np.float32),
-        returns=batch.returns,
-        episode_advantage=a_episode,
-        step_advantage=np.zeros(batch.n),
-        stats=step_group_stats(batch.step_group_count(), batch.n),
-    )
+    return _episode_only(batch, a_episode)
 
 
 @register_advantage("rloo")
@@ -587,13 +592,7 @@ def rloo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
         std[count <= 1] = 1.0
         centred = centred / (std[traj_group] + config.epsilon)
     a_episode = centred[batch.traj_code] - batch.penalty
-    return AdvantageResult(
-        advantages=a_episode.astype(np.float32),
-        returns=batch.returns,
-        episode_advantage=a_episode,
-        step_advantage=np.zeros(batch.n),
-        stats=step_group_stats(batch.step_group_count(), batch.n),
-    )
+    return _episode_only(batch, a_episode)
 
 
 @register_advantage("slate")
@@ -681,13 +680,7 @@ def cw_grpo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
     flat = (cmax == cmin)[tcode] | (total <= 0.0)
     weight = np.where(flat, 1.0, batch.row_length * weight_of / np.where(flat, 1.0, total))
     a_episode = weight * a_traj - batch.penalty
-    return AdvantageResult(
-        advantages=a_episode.astype(np.float32),
-        returns=batch.returns,
-        episode_advantage=a_episode,
-        step_advantage=np.zeros(batch.n),
-        stats=step_group_stats(batch.step_group_count(), batch.n),
-    )
+    return _episode_only(batch, a_episode)
 
 
 # ---------------------------------------------------------------------------------------------
