@@ -41,6 +41,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from agentgym.core import ProcessLocal
 from agentgym.envs.alfworld.grammar import (
     parse_grammar_document,
@@ -315,16 +317,167 @@ class Domain:
 
 
 class Goal:
-    """A problem's goal: Fast Downward normalises it into axioms deriving ``new-axiom@N``."""
+    """A problem's goal: Fast Downward normalises it into axioms deriving ``new-axiom@N``.
+
+    ``axioms[name]`` lists the compiled rules (n_external, plan, solve) of a derived predicate;
+    ``rules[name]`` keeps the same rules raw, ``(params, literals)`` with params ``(name,
+    type)`` (the first n_external are the axiom's arguments) and literals ``(positive, pred,
+    args)``, for :class:`_GoalProgress`. ``literals`` is the goal itself, a conjunction.
+    """
 
     def __init__(self, task, size_hint: dict[str, int]):
         self.axioms: dict[str, list[tuple[int, _Plan, Any]]] = defaultdict(list)
+        self.rules: dict[str, list[tuple[tuple, tuple]]] = defaultdict(list)
         for ax in task.axioms:
             params = [(p.name, p.type_name) for p in ax.parameters]
             n_ext = ax.num_external_parameters
-            plan = _compile_plan(_literals(ax.condition), params, tuple(range(n_ext)), size_hint)
+            literals = _literals(ax.condition)
+            plan = _compile_plan(literals, params, tuple(range(n_ext)), size_hint)
             self.axioms[ax.name].append((n_ext, plan, _codegen(plan, n_ext, True)))
+            self.rules[ax.name].append((tuple(params), tuple(literals)))
         self.literals = _literals(task.goal)
+
+
+class _RuleProgress(NamedTuple):
+    """One axiom rule grounded against a game's static facts (see :class:`_GoalProgress`)."""
+
+    n_fluent: int  # goal facts (fluent or derived literals) per grounding
+    atoms: np.ndarray  # int64 (groundings, n_fluent): ids into _GoalProgress.atoms, rows unique
+    negative: np.ndarray  # bool (n_fluent,): the literal in that column is negated
+
+
+class _GoalProgress:
+    """How much of a game's goal holds: the ground truth behind ``World.goal_progress``.
+
+    A goal literal that names a derived axiom (ALFWorld's single ``new-axiom@0()``) scores the
+    best rule of the axiom; a rule scores the best of its groundings, and a grounding scores
+    the fraction of the rule's goal facts (its fluent and derived literals, e.g.
+    ``inreceptacle(o, r)``, ``isclean(o)``) that hold. Groundings are the typed assignments of
+    the rule's variables that satisfy its static literals (types, ``objecttype``, ``=``...):
+    they never change while the game is played, so they are enumerated once, here, and each
+    one's goal facts are stored as ids of ground atoms. Any other goal literal scores 1 or 0.
+    The goal's progress is the mean over its literals: in [0, 1], and exactly 1.0 iff every
+    literal holds (a grounding with all its goal facts true is a solution of the rule), which
+    is when :meth:`World.won` is True.
+
+    Per state the work is one set membership per distinct ground atom, then a gather and a
+    row sum over each rule's (groundings, n_fluent) id matrix.
+    """
+
+    def __init__(self, game: Game):
+        goal = game.goal
+        self.atoms: list[tuple[str, tuple]] = []  # distinct ground goal facts
+        atom_ids: dict[tuple[str, tuple], int] = {}
+        # per goal literal: (positive, pred, args, rules or None for a plain 0/1 literal)
+        terms: list[tuple[bool, str, tuple, list[_RuleProgress] | None]] = []
+        for positive, pred, args in goal.literals:
+            rules = goal.rules.get(pred) if positive else None
+            grounded = None
+            if rules is not None:
+                grounded = [
+                    self._ground_rule(game, params, literals, args, atom_ids)
+                    for params, literals in rules
+                ]
+            terms.append((positive, pred, args, grounded))
+        # order atoms by predicate so that a state's truth vector is built group by group
+        order = sorted(range(len(self.atoms)), key=lambda i: self.atoms[i])
+        new_id = np.empty(len(order), dtype=np.int64)
+        new_id[order] = np.arange(len(order))
+        self.atoms = [self.atoms[i] for i in order]
+        self.terms = [
+            (
+                pos,
+                pred,
+                args,
+                None if rules is None else [r._replace(atoms=new_id[r.atoms]) for r in rules],
+            )
+            for pos, pred, args, rules in terms
+        ]
+        groups: dict[str, list[tuple]] = defaultdict(list)
+        for pred, args in self.atoms:
+            groups[pred].append(args)
+        # (pred, argument tuples in atom order, is a derived axiom)
+        self.groups = [(p, tuple(a), p in goal.axioms) for p, a in groups.items()]
+
+    def _ground_rule(
+        self,
+        game: Game,
+        params: tuple[tuple[str, str], ...],
+        literals: tuple[tuple[bool, str, tuple[str, ...]], ...],
+        entry: tuple[str, ...],
+        atom_ids: dict[tuple[str, tuple], int],
+    ) -> _RuleProgress:
+        fluent, derived = game.domain.fluent, game.goal.axioms
+        goal_facts = [
+            lit for lit in literals if lit[1] != "=" and (lit[1] in fluent or lit[1] in derived)
+        ]
+        static = [
+            lit
+            for lit in literals
+            if not (lit[1] != "=" and (lit[1] in fluent or lit[1] in derived))
+        ]
+        size_hint = {p: len(s) for p, s in game.static.items()}
+        plan = _compile_plan(static, list(params), tuple(range(len(entry))), size_hint)
+        groundings: list[tuple] = []
+
+        def lookup(pred, positions, key):
+            return game.static_index(pred, positions).get(key, ())
+
+        def holds(pred, args):
+            return args in game.static.get(pred, ())
+
+        _codegen(plan, len(entry), False)(
+            lookup, holds, game.type_sets, game.type_objects, groundings, *entry
+        )
+        index = {name: i for i, (name, _) in enumerate(params)}
+        specs = [tuple(index.get(a, a) for a in args) for _, _, args in goal_facts]
+        rows = set()
+        for binding in groundings:
+            row = []
+            for (_, pred, _), spec in zip(goal_facts, specs, strict=True):
+                atom = (pred, tuple(binding[a] if isinstance(a, int) else a for a in spec))
+                i = atom_ids.get(atom)
+                if i is None:
+                    i = atom_ids[atom] = len(self.atoms)
+                    self.atoms.append(atom)
+                row.append(i)
+            rows.add(tuple(row))  # groundings differing only in static variables score alike
+        atoms = np.array(sorted(rows), dtype=np.int64).reshape(len(rows), len(goal_facts))
+        negative = np.array([not pos for pos, _, _ in goal_facts], dtype=bool)
+        return _RuleProgress(len(goal_facts), atoms, negative)
+
+    def progress(self, world: World) -> float:
+        """The goal's progress in ``world``'s state, in [0, 1] (see the class docstring)."""
+        truth: list[bool] = []
+        facts = world.facts
+        for pred, arg_tuples, is_derived in self.groups:
+            if is_derived:
+                truth.extend(world._literal_true(True, pred, a) for a in arg_tuples)
+            else:
+                s = facts.get(pred)
+                truth.extend([a in s for a in arg_tuples] if s else [False] * len(arg_tuples))
+        true = np.array(truth, dtype=bool)
+        total = 0.0
+        for positive, pred, args, rules in self.terms:
+            if rules is None:
+                total += world._literal_true(positive, pred, args)
+                continue
+            best = 0.0
+            for rule in rules:
+                if not len(rule.atoms):
+                    continue  # no grounding satisfies the static literals: never true
+                if not rule.n_fluent:
+                    best = 1.0
+                    break
+                sat = true[rule.atoms]
+                if rule.negative.any():
+                    sat ^= rule.negative
+                n_true = int(sat.sum(axis=1).max())
+                # n / n is exactly 1.0: a satisfied rule reports 1.0, not 0.999...
+                best = max(best, n_true / rule.n_fluent)
+            total += best
+        # a sum of k exact 1.0s divided by k is exactly 1.0 again
+        return total / len(self.terms) if self.terms else 1.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -456,11 +609,22 @@ class Game:
         self.key_prefix = hashlib.sha1(data["pddl_problem"].encode()).digest()[:6]
         self._static_symbols: dict[int, bool] = {}
         self.text_cache: dict[tuple, str] = {}  # state-independent texts, shared by worlds
+        self._goal_progress: _GoalProgress | None = None
         intro = self.grammar.rules.get("task")
         self.goal_text = ""
         if intro:
             task_line = "".join(s[1] for s in intro[0].rhs if s[0] == "t")
             self.goal_text = task_line.split("Your task is to: ", 1)[-1]
+
+    @property
+    def goal_progress_model(self) -> _GoalProgress:
+        """The goal grounded against the static facts, built on first use (a few ms) and shared
+        by every world playing this game."""
+        model = self._goal_progress
+        if model is None:
+            # two threads may both build it: the results are equal and the assignment atomic
+            model = self._goal_progress = _GoalProgress(self)
+        return model
 
     def fact_code(self, pred: str, args: tuple) -> bytes:
         """Canonical bytes of a fluent fact: predicate and object ranks (sorted names), uint16."""
@@ -585,7 +749,7 @@ class FrozenWorld(NamedTuple):
     facts: tuple[tuple[str, frozenset], ...]
     negated: tuple[tuple[str, frozenset], ...]
     derived: ProcessLocal
-    """(game, fact indexes, operators, commands, state key) of that state, reused by a thaw in
+    """(game, fact indexes, operators, commands, state key, goal progress) of that state, reused by a thaw in
     this process into a world of the same game"""
 
 
@@ -596,7 +760,7 @@ class World:
     those an action made false (TextWorld's ``not_pred`` facts, which its grammar reads).
     """
 
-    __slots__ = ("game", "facts", "negated", "_index", "_ops", "_commands", "_key")
+    __slots__ = ("game", "facts", "negated", "_index", "_ops", "_commands", "_key", "_progress")
 
     def __init__(self, game: Game):
         self.game = game
@@ -606,6 +770,7 @@ class World:
         self._ops: dict[str, _Op] | None = None
         self._commands: list[str] | None = None
         self._key: bytes | None = None
+        self._progress: float | None = None
 
     # -- serialisation ----------------------------------------------------------------------
     def dump(self) -> tuple:
@@ -620,7 +785,7 @@ class World:
         self.facts = {p: set(s) for p, s in facts.items()}
         self.negated = {p: set(s) for p, s in negated.items()}
         self._index.clear()
-        self._ops = self._commands = self._key = None
+        self._ops = self._commands = self._key = self._progress = None
 
     def freeze(self) -> FrozenWorld:
         """An immutable copy of the facts (a few hundred small tuples, shared with this world:
@@ -633,6 +798,7 @@ class World:
             self._ops,
             None if self._commands is None else tuple(self._commands),
             self._key,
+            self._progress,
         )
         return FrozenWorld(
             tuple((p, frozenset(s)) for p, s in self.facts.items()),
@@ -647,12 +813,12 @@ class World:
         self.negated = {p: set(s) for p, s in frozen.negated}
         derived = frozen.derived.value
         if derived is not None and derived[0] is self.game:
-            _, index, self._ops, commands, self._key = derived
+            _, index, self._ops, commands, self._key, self._progress = derived
             self._index = dict(index)
             self._commands = None if commands is None else list(commands)
         else:
             self._index = {}
-            self._ops = self._commands = self._key = None
+            self._ops = self._commands = self._key = self._progress = None
 
     # -- fact access --------------------------------------------------------------------------
     def _lookup(self, pred: str, positions: tuple[int, ...], key: tuple) -> list:
@@ -703,6 +869,19 @@ class World:
     def won(self) -> bool:
         """The PDDL goal holds."""
         return all(self._literal_true(p, pred, args) for p, pred, args in self.game.goal.literals)
+
+    def goal_progress(self) -> float:
+        """How much of the goal holds, in [0, 1]; exactly 1.0 iff :meth:`won`.
+
+        The fraction of goal facts (``inreceptacle(o, r)``, ``isclean(o)``, ``istoggled(l)``,
+        ``holds(agent, o)``...) true for the best choice of objects that meets the goal's fixed
+        conditions (types, ``o1 != o2``): a "clean X and put it in Y" task is at 1/2 once an X
+        is clean, or once an X sits in a Y. Mean over the goal's literals when it has several
+        (see :class:`_GoalProgress`). Computed once per state.
+        """
+        if self._progress is None:
+            self._progress = self.game.goal_progress_model.progress(self)
+        return self._progress
 
     # -- actions ------------------------------------------------------------------------------
     def operators(self) -> dict[str, _Op]:
@@ -832,7 +1011,7 @@ class World:
         for key in list(self._index):
             if key[0].removeprefix("not_") in changed:
                 del self._index[key]
-        self._ops = self._commands = self._key = None
+        self._ops = self._commands = self._key = self._progress = None
 
     def feedback(self, op: _Op) -> str:
         action = self.game.actions[op.schema.name]
