@@ -1,9 +1,10 @@
 """Critic-free advantage estimators for multi-turn agent RL: GRPO, GiGPO, RLOO, SLATE, CW-GRPO.
 
 GRPO and GiGPO are described below; RLOO (leave-one-out baselines), SLATE (advantages within
-branch groups of sibling continuations, from a tree rollout's ``branch_ids``) and CW-GRPO (a
-judge's per-round ``contributions`` redistribute GRPO's trajectory credit) are documented on
-their functions, :func:`rloo`, :func:`slate` and :func:`cw_grpo`.
+branch groups of sibling continuations, from a tree rollout's ``branch_ids``) and CW-GRPO
+(arXiv 2604.14267: a judge's per-round ``contributions`` share a successful trajectory's GRPO
+credit among its rounds before the answer round) are documented on their functions,
+:func:`rloo`, :func:`slate` and :func:`cw_grpo`.
 
 GiGPO (Group-in-Group Policy Optimization, arXiv 2505.10978) gives every step of a multi-turn
 episode two relative advantages, both computed from a group of rollouts of the same task:
@@ -132,6 +133,10 @@ class AdvantageConfig:
     """episode-group statistics over one value per trajectory, or over every step row"""
     epsilon: float = EPSILON
     """added to the standard deviation in ``mean_std_norm``"""
+    contribution_gamma: float = math.inf
+    """CW-GRPO's gamma (> 0): ``inf`` weighs a trajectory's rounds in proportion to their judge
+    contributions; a finite value takes a softmax of ``gamma * contribution`` (sharper as it
+    grows)"""
 
 
 @dataclass(frozen=True)
@@ -384,6 +389,7 @@ def compute_advantage(
     epsilon: float = EPSILON,
     branch_ids: Any = None,
     contributions: Any = None,
+    contribution_gamma: float = math.inf,
 ) -> AdvantageResult:
     """Advantages for a batch of flat rows, one row per (trajectory, step), rows in any order.
 
@@ -410,6 +416,9 @@ def compute_advantage(
             snapshot), -1 for rows that are not branch-step samples.
         contributions: float (N,) in [0, 1], CW-GRPO only: the judge's contribution score of
             each round (see :mod:`agentgym.algorithms.judges`).
+        contribution_gamma: CW-GRPO only, the paper's gamma, > 0: ``math.inf`` (the default, as
+            in the authors' runs) weighs the rounds in proportion to their contributions; a
+            finite value weighs them by ``softmax(gamma * contributions)``.
 
     Returns:
         :class:`AdvantageResult`; ``advantages`` float32 (N,) in the caller's row order.
@@ -430,6 +439,11 @@ def compute_advantage(
         )
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    if not contribution_gamma > 0.0:  # NaN fails too
+        raise ValueError(
+            f"contribution_gamma must be > 0 (math.inf for weights proportional to the "
+            f"contributions, a finite value for a softmax), got {contribution_gamma}"
+        )
     config = AdvantageConfig(
         gamma=float(gamma),
         omega=float(omega),
@@ -437,6 +451,7 @@ def compute_advantage(
         invalid_penalty=float(invalid_penalty),
         episode_stats_over=episode_stats_over,
         epsilon=float(epsilon),
+        contribution_gamma=float(contribution_gamma),
     )
     batch = AdvantageBatch(
         group_ids=group_ids,
@@ -639,23 +654,33 @@ def slate(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
 
 @register_advantage("cw_grpo")
 def cw_grpo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
-    """CW-GRPO (contribution-weighted GRPO): a judge's per-round scores rescale GRPO's credit.
+    """CW-GRPO: Contribution-Weighted GRPO (arXiv 2604.14267), a judge's per-round scores share
+    each successful trajectory's GRPO credit among its rounds before the answer round.
 
-    GRPO gives every round t of trajectory i the same episode advantage ``A_i`` (Eq. 3). A judge
-    scores each round's contribution ``c_{i,t}`` in [0, 1] (did the round retrieve useful
-    evidence, make progress). The weights spread the trajectory's credit over its T_i rounds
-    in proportion to the contributions, keeping their mean at 1 so the trajectory's total
-    credit ``sum_t A_{i,t} = T_i A_i`` is unchanged:
+    Conventions follow the authors' implementation (``compute_cw_grpo_advantage`` in their verl
+    fork). Trajectory i has T_i rounds; its last round (the answer) keeps GRPO's advantage and
+    only the R_i = T_i - 1 rounds before it are reweighted:
 
-    * ``A_i >= 0``: ``w_{i,t} = T_i c_{i,t} / sum_s c_{i,s}`` (the rounds that helped get the
-      credit);
-    * ``A_i < 0``: ``w_{i,t} = T_i (1 - c_{i,t}) / sum_s (1 - c_{i,s})`` (the blame goes to the
-      rounds that did not help, not to a round that found the evidence);
-    * all-equal contributions (including all 0 or all 1) give ``w = 1``: plain GRPO.
+    * ``A_i``: GRPO's episode advantage of the trajectory's outcome (Eq. 3, without penalties);
+    * ``c_{i,t}`` in [0, 1]: the judge's contribution of round t (the paper's retrieval utility
+      times reasoning correctness; our judges return that product as one score);
+    * weights over the non-last rounds t < T_i - 1:
+      ``contribution_gamma = inf``: ``w_{i,t} = c_{i,t} / max(sum_s c_{i,s}, 1e-6)``;
+      finite gamma: ``w_{i,t} = softmax_t(gamma * c_{i,t})``;
+    * ``A_i < 0``: ``w_{i,t} = 1 / R_i`` whatever the judge says (a failure's blame is not
+      redistributed);
+    * ``A_{i,t} = R_i w_{i,t} A_i - p_{i,t}`` for t < T_i - 1 and ``A_{i,T_i-1} = A_i - p``.
 
-    ``A_{i,t} = w_{i,t} A_i - p_{i,t}``: ``A_i`` is computed from the outcomes without
-    penalties, and the row's invalid-action penalty ``p`` is charged to that round only, unscaled
-    (so weighting never amplifies or hides it). Row ``contributions`` are required.
+    The weights sum to 1, so the non-last rounds share ``R_i A_i`` (mean weight 1): credit is
+    conserved, except that with ``gamma = inf`` a successful trajectory whose non-last rounds
+    all score 0 gives those rounds advantage 0 (the authors' behaviour: no round earned it).
+    A trajectory of one round is plain GRPO. The invalid-action penalty ``p`` of a row is
+    charged to that round only, unscaled (weighting never amplifies or hides it). The authors'
+    code also sums the answer round's judge score into the ``gamma = inf`` normaliser (their
+    judge rarely credits an answer round with a retrieval); here it sums the reweighted rounds
+    only, as the equations write it, so a judge that scores the answer round does not shrink
+    the others' credit. Their script treats gamma >= 10 as infinity; here any finite gamma is
+    a softmax. Row ``contributions`` are required.
     """
     if batch.contributions is None:
         raise ValueError(
@@ -668,17 +693,27 @@ def cw_grpo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
     clean.penalty = np.zeros(batch.n)
     a_traj = episode_advantage(clean, config)
     c = batch.contributions
-    weight_of = np.where(a_traj >= 0.0, c, 1.0 - c)
     tcode, num = batch.traj_code, batch.num_trajs
-    total = np.bincount(tcode, weights=weight_of, minlength=num)[tcode]
-    # Equal contributions within a trajectory mean no preference: weight 1 (GRPO). The total is
-    # then T_i * c (or 0), so testing "all equal" is testing max == min per trajectory.
-    cmax = np.full(num, -np.inf)
-    cmin = np.full(num, np.inf)
-    np.maximum.at(cmax, tcode, c)
-    np.minimum.at(cmin, tcode, c)
-    flat = (cmax == cmin)[tcode] | (total <= 0.0)
-    weight = np.where(flat, 1.0, batch.row_length * weight_of / np.where(flat, 1.0, total))
+    rounds_before = batch.row_length - 1  # R_i per row
+    reweighted = batch.position < rounds_before  # every round but the answer round
+    if math.isinf(config.contribution_gamma):
+        total = np.bincount(tcode, weights=c * reweighted, minlength=num)
+        share = c / np.maximum(total, 1e-6)[tcode]
+    else:
+        # Softmax over the non-last rounds, shifted by each trajectory's largest score so that
+        # exp never overflows: a segment max over the rows in (trajectory, step) order.
+        in_order = np.full(batch.n, -np.inf)
+        in_order[batch.slot] = np.where(reweighted, c, -np.inf)
+        peak = np.zeros(num)
+        used = batch.traj_length > 0
+        if batch.n:
+            peak[used] = np.maximum.reduceat(in_order, batch.traj_start[used])
+        peak[~np.isfinite(peak)] = 0.0  # one-round trajectories: nothing to reweigh
+        exp = np.where(reweighted, np.exp(config.contribution_gamma * (c - peak[tcode])), 0.0)
+        share = exp / np.maximum(np.bincount(tcode, weights=exp, minlength=num), 1e-300)[tcode]
+    # Failures spread their (negative) credit evenly: share 1 / R_i, weight 1.
+    weight = np.where(a_traj < 0.0, 1.0, rounds_before * share)
+    weight[~reweighted] = 1.0
     a_episode = weight * a_traj - batch.penalty
     return _episode_only(batch, a_episode)
 

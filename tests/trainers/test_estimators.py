@@ -5,10 +5,13 @@ equations in its docstring) to 1e-6 on random batches (shuffled rows, sparse ids
 groups, branch groups of one, all-equal contributions, both norms), and against small cases
 worked out by hand. Property tests check what each estimator promises: RLOO's advantages are the
 leave-one-out ones, SLATE's are zero-mean within every branch group and zero elsewhere, and
-CW-GRPO's weights keep each trajectory's total credit equal to GRPO's.
+CW-GRPO keeps GRPO's advantage on the answer round and shares ``R_i A_i`` among the rounds
+before it.
 """
 
 from __future__ import annotations
+
+import math
 
 import gymnasium as gym
 import numpy as np
@@ -185,51 +188,174 @@ def test_slate_needs_branch_ids():
 # --- CW-GRPO ---------------------------------------------------------------------------------
 
 
+CONTRIBUTION_GAMMAS = st.sampled_from([math.inf, 0.5, 3.0, 100.0])
+
+
 @SETTINGS
-@given(batch=batches(), opts=options)
-def test_cw_grpo_matches_reference(batch, opts):
+@given(batch=batches(), opts=options, contribution_gamma=CONTRIBUTION_GAMMAS)
+def test_cw_grpo_matches_reference(batch, opts, contribution_gamma):
+    check("cw_grpo", batch, {**opts, "contribution_gamma": contribution_gamma})
+
+
+@pytest.mark.parametrize("contribution_gamma", [math.inf, 2.0])
+@pytest.mark.parametrize("norm", ["mean_norm", "mean_std_norm"])
+def test_cw_grpo_matches_reference_on_a_large_random_batch(contribution_gamma, norm):
+    """Continuous judge scores and rewards, 300 trajectories of 1..8 rounds, shuffled rows."""
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(1, 9, size=300)
+    traj = np.repeat(np.arange(300), lengths)
+    n = traj.shape[0]
+    batch = {
+        "group_ids": traj // 6,
+        "traj_ids": traj,
+        "step_ids": np.arange(n) - np.repeat(np.cumsum(lengths) - lengths, lengths),
+        "rewards": rng.normal(size=n) * (rng.random(n) < 0.3),
+        "state_keys": None,
+        "invalid": rng.random(n) < 0.2,
+        "contributions": rng.random(n) * (rng.random(n) < 0.7),
+    }
+    perm = rng.permutation(n)
+    batch = {k: v if v is None else v[perm] for k, v in batch.items()}
+    opts = {"norm": norm, "invalid_penalty": 0.1, "contribution_gamma": contribution_gamma}
     check("cw_grpo", batch, opts)
 
 
-@SETTINGS
-@given(batch=batches(), opts=options)
-def test_cw_grpo_keeps_each_trajectorys_total_credit(batch, opts):
-    """Weights average 1 over a trajectory: summed credit equals GRPO's (penalty-free)."""
-    opts = {**opts, "invalid_penalty": 0.0}
-    a_cw = compute_advantage("cw_grpo", **batch, **opts).advantages.astype(np.float64)
-    a_grpo = compute_advantage("grpo", **batch, **opts).advantages.astype(np.float64)
-    for t in set(batch["traj_ids"].tolist()):
-        rows = batch["traj_ids"] == t
-        assert a_cw[rows].sum() == pytest.approx(a_grpo[rows].sum(), rel=1e-5, abs=1e-4)
-        # The sign of the credit never flips: weights are non-negative.
-        assert (a_cw[rows] * a_grpo[rows] >= -1e-9).all()
-
-
-def test_cw_grpo_by_hand():
-    # Outcomes 1, 0, 2 (mean 1) -> A = 0, -1, +1. Trajectory 2 (A > 0) has contributions
-    # 0.2, 0.8 -> weights 2*0.2/1 = 0.4 and 1.6. Trajectory 1 is one invalid round: -1 - 0.1.
-    # A failing trajectory's blame goes to rounds that did not help: with contributions 1, 0 the
-    # second round takes all of it.
+def cw_one_group(contributions_by_traj, outcomes, contribution_gamma=math.inf, invalid=None):
+    """CW-GRPO advantages of one group, one list per trajectory; each trajectory's outcome is
+    its last round's reward."""
+    rows = [(i, t) for i, cs in enumerate(contributions_by_traj) for t in range(len(cs))]
+    last = {i: len(cs) - 1 for i, cs in enumerate(contributions_by_traj)}
     a = compute_advantage(
         "cw_grpo",
-        group_ids=[0, 0, 0, 0, 0, 1, 1, 1],
-        traj_ids=[0, 0, 1, 2, 2, 3, 3, 4],
-        step_ids=[0, 1, 0, 0, 1, 0, 1, 0],
-        rewards=[0.0, 1.0, 0.0, 0.0, 2.0, 0.0, 0.0, 4.0],
+        group_ids=[0] * len(rows),
+        traj_ids=[i for i, _ in rows],
+        step_ids=[t for _, t in rows],
+        rewards=[float(outcomes[i]) if t == last[i] else 0.0 for i, t in rows],
         state_keys=None,
-        invalid=[False, False, True, False, False, False, False, False],
-        contributions=[0.0, 1.0, 0.5, 0.2, 0.8, 1.0, 0.0, 0.3],
-    ).advantages
-    # Group 1: outcomes 0, 4 (mean 2): trajectory 3 A = -2, weights of (1 - c) = 0, 2.
-    np.testing.assert_allclose(a, [0.0, 0.0, -1.1, 0.4, 1.6, 0.0, -4.0, 2.0], atol=1e-6)
+        invalid=[False] * len(rows) if invalid is None else invalid,
+        contributions=[c for cs in contributions_by_traj for c in cs],
+        contribution_gamma=contribution_gamma,
+    ).advantages.astype(np.float64)
+    out, start = [], 0
+    for cs in contributions_by_traj:
+        out.append(a[start : start + len(cs)])
+        start += len(cs)
+    return out
 
 
-def test_cw_grpo_rejects_bad_contributions():
+def test_cw_grpo_by_hand_success_follows_the_contributions():
+    # Outcomes 3, 1 (mean 2): A = +1, -1. The winner's 3 search rounds scored 1, 0, 0 share
+    # R * A = 3: the first takes all of it (3 * 1/1 * A); the answer round keeps A whatever its
+    # own score (0.4 here).
+    win, lose = cw_one_group([[1.0, 0.0, 0.0, 0.4], [1.0, 0.0, 0.5]], outcomes=[3.0, 1.0])
+    np.testing.assert_allclose(win, [3.0, 0.0, 0.0, 1.0], atol=1e-6)
+    # A < 0: the blame is spread evenly (weight 1 on every round), contributions ignored.
+    np.testing.assert_allclose(lose, [-1.0, -1.0, -1.0], atol=1e-6)
+    # Proportional weights: scores 0.2, 0.6 -> 1/4, 3/4 of R * A = 2.
+    win, _ = cw_one_group([[0.2, 0.6, 1.0], [0.0]], outcomes=[2.0, 0.0])
+    np.testing.assert_allclose(win, [0.5, 1.5, 1.0], atol=1e-6)
+
+
+def test_cw_grpo_by_hand_softmax():
+    # gamma = ln 3 over the search rounds' scores 1, 0: exp weights 3, 1 -> w = 3/4, 1/4; R = 2,
+    # A = +1 -> 1.5, 0.5; the answer round keeps 1. The loser (A = -1) stays uniform.
+    win, lose = cw_one_group(
+        [[1.0, 0.0, 0.9], [0.0, 1.0, 0.0]], outcomes=[3.0, 1.0], contribution_gamma=math.log(3)
+    )
+    np.testing.assert_allclose(win, [1.5, 0.5, 1.0], atol=1e-6)
+    np.testing.assert_allclose(lose, [-1.0, -1.0, -1.0], atol=1e-6)
+    # A huge finite gamma concentrates on the best round without overflowing.
+    win, _ = cw_one_group([[0.2, 0.3, 0.0], [0.0]], outcomes=[2.0, 0.0], contribution_gamma=1e6)
+    np.testing.assert_allclose(win, [0.0, 2.0, 1.0], atol=1e-6)
+
+
+def test_cw_grpo_all_zero_contributions():
+    # gamma = inf: a success whose search rounds all scored 0 gives them nothing (the authors'
+    # behaviour: the normaliser is clamped at 1e-6, no round earned the credit) ...
+    win, lose = cw_one_group([[0.0, 0.0, 0.0], [0.0, 0.0]], outcomes=[1.0, 0.0])
+    np.testing.assert_allclose(win, [0.0, 0.0, 0.5], atol=1e-6)
+    np.testing.assert_allclose(lose, [-0.5, -0.5], atol=1e-6)
+    # ... while a finite gamma's softmax of equal scores is uniform: GRPO.
+    win, _ = cw_one_group([[0.0, 0.0, 0.0], [0.0, 0.0]], outcomes=[1.0, 0.0], contribution_gamma=5)
+    np.testing.assert_allclose(win, [0.5, 0.5, 0.5], atol=1e-6)
+
+
+def test_cw_grpo_one_round_trajectories_are_grpo():
+    base = dict(
+        group_ids=[0, 0, 0, 1], traj_ids=[0, 1, 2, 3], step_ids=[0, 0, 0, 0],
+        rewards=[1.0, 0.0, 5.0, 2.0], state_keys=None, invalid=[False, True, False, False],
+    )  # fmt: skip
+    # GRPO's advantage of the penalty-free outcomes, less each row's own penalty (the invalid
+    # action does not move the group statistics, unlike the "grpo" estimator's Eq. 3).
+    grpo_a = compute_advantage("grpo", **base, invalid_penalty=0.0).advantages - 0.1 * np.array(
+        base["invalid"]
+    )
+    for contribution_gamma in (math.inf, 1.0):
+        a = compute_advantage(
+            "cw_grpo", **base, contributions=[0.0, 1.0, 0.3, 0.0],
+            contribution_gamma=contribution_gamma,
+        ).advantages  # fmt: skip
+        np.testing.assert_allclose(a, grpo_a, atol=1e-6)
+
+
+def _rows_by_trajectory(batch: dict) -> dict[int, np.ndarray]:
+    """Row indices of each trajectory in step order."""
+    out = {}
+    for t in set(batch["traj_ids"].tolist()):
+        rows = np.flatnonzero(batch["traj_ids"] == t)
+        out[t] = rows[np.argsort(batch["step_ids"][rows])]
+    return out
+
+
+@SETTINGS
+@given(batch=batches(), opts=options, contribution_gamma=CONTRIBUTION_GAMMAS)
+def test_cw_grpo_conserves_credit_and_keeps_the_answer_round(batch, opts, contribution_gamma):
+    """The answer round gets GRPO's advantage; the rounds before it share R_i * A_i."""
+    opts = {**opts, "invalid_penalty": 0.0}
+    a_cw = compute_advantage(
+        "cw_grpo", **batch, **opts, contribution_gamma=contribution_gamma
+    ).advantages.astype(np.float64)
+    a_grpo = compute_advantage("grpo", **batch, **opts).advantages.astype(np.float64)
+    c = batch["contributions"]
+    for rows in _rows_by_trajectory(batch).values():
+        *searches, answer = rows
+        a_i = a_grpo[answer]
+        assert a_cw[answer] == pytest.approx(a_i, rel=1e-6, abs=1e-6)
+        if not searches:
+            continue
+        if a_i < 0:  # failures: uniform, every round keeps A_i
+            np.testing.assert_allclose(a_cw[searches], a_i, rtol=1e-5, atol=1e-6)
+        elif c[searches].max() > 0 or not math.isinf(contribution_gamma):
+            total = a_cw[searches].sum()
+            assert total == pytest.approx(len(searches) * a_i, rel=1e-5, abs=1e-4)
+        else:  # gamma = inf, nothing credited: the search rounds get 0
+            np.testing.assert_allclose(a_cw[searches], 0.0, atol=1e-6)
+        # The sign of the credit never flips: the weights are non-negative.
+        assert (a_cw[rows] * a_i >= -1e-9).all()
+
+
+@SETTINGS
+@given(batch=batches(), opts=options, contribution_gamma=CONTRIBUTION_GAMMAS)
+def test_cw_grpo_charges_the_penalty_to_its_round_unscaled(batch, opts, contribution_gamma):
+    opts = {**opts, "invalid_penalty": 0.0, "contribution_gamma": contribution_gamma}
+    clean = compute_advantage("cw_grpo", **batch, **opts).advantages.astype(np.float64)
+    penalised = compute_advantage("cw_grpo", **batch, **{**opts, "invalid_penalty": 0.5})
+    np.testing.assert_allclose(
+        penalised.advantages, clean - 0.5 * batch["invalid"], rtol=1e-5, atol=1e-5
+    )
+
+
+def test_cw_grpo_rejects_bad_contributions_and_gamma():
     base = dict(group_ids=[0], traj_ids=[0], step_ids=[0], rewards=[1.0], state_keys=None)
     with pytest.raises(ValueError, match="contributions"):
         compute_advantage("cw_grpo", **base, invalid=[False])
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         compute_advantage("cw_grpo", **base, invalid=[False], contributions=[1.5])
+    for bad in (0.0, -1.0, math.nan):
+        with pytest.raises(ValueError, match="contribution_gamma must be > 0"):
+            compute_advantage(
+                "cw_grpo", **base, invalid=[False], contributions=[0.5], contribution_gamma=bad
+            )
 
 
 # --- Judges ----------------------------------------------------------------------------------
@@ -268,8 +394,8 @@ def test_progress_judge_scores_the_rounds_that_advance_a_room():
     assert traj.steps[-1].info["won"]
     scores = ProgressJudge()([traj])[0]
     np.testing.assert_array_equal(scores, [1, 0, 0, 0, 1, 1])
-    # CW-GRPO over a group with a losing trajectory: the winner's credit goes to its 3 advancing
-    # rounds only (weights 6/3 = 2), and the rows that did not advance get none of it.
+    # CW-GRPO over a group with a losing trajectory: the winner's credit before the goal round
+    # goes to its advancing rounds only, and the rows that did not advance get none of it.
     loser = play(env, [wrong if right[0] != doors.index(wrong) else doors[right[0] - 1]] * 2,
                  options={"task": 4})  # fmt: skip
     loser.traj_id = 1
@@ -287,7 +413,10 @@ def test_progress_judge_scores_the_rounds_that_advance_a_room():
         contributions=contrib,
     ).advantages
     winner_a = 10.0 / 2  # outcomes 10 and 0
-    np.testing.assert_allclose(a[:6], winner_a * 2 * scores, atol=1e-5)
+    # The 5 rounds before the goal share 5 * A in proportion to their scores (two advanced);
+    # the goal round keeps A.
+    np.testing.assert_allclose(a[:5], winner_a * 5 * scores[:5] / scores[:5].sum(), atol=1e-5)
+    assert a[5] == pytest.approx(winner_a)
 
 
 def test_searchqa_judge_credits_the_search_that_found_the_answer():

@@ -22,6 +22,12 @@ The conventions it encodes, from the paper and its reference implementation (ver
   Eq. 7: the row's penalised discounted return normalised within its step group; a group of one
   gets 0;
 * Eq. 8: ``A = A_episode + omega * A_step`` (GiGPO); ``A = A_episode`` (GRPO).
+
+CW-GRPO (arXiv 2604.14267, conventions of the authors' ``compute_cw_grpo_advantage``): with
+``A_i`` the penalty-free GRPO advantage and R_i = T_i - 1 rounds before the answer round, those
+rounds get ``R_i * w_t * A_i`` and the answer round ``A_i`` (each less its own penalty);
+``w_t = c_t / max(sum_s c_s, 1e-6)`` over the rounds before the answer (gamma = inf) or
+``softmax(gamma * c)`` over them (finite gamma), and ``w_t = 1 / R_i`` whenever ``A_i < 0``.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ def reference_advantage(
     epsilon: float = 1e-6,
     branch_ids: Sequence[int] | None = None,
     contributions: Sequence[float] | None = None,
+    contribution_gamma: float = math.inf,
 ) -> dict[str, list[float]]:
     """Loop implementation of ``compute_advantage``; same arguments, one row per (trajectory, step).
 
@@ -188,14 +195,23 @@ def reference_advantage(
         for rows in trajectories.values():
             members = [i for _, i in rows]
             a_traj = clean[members[0]]
-            scores = [float(contributions[i]) for i in members]
+            *searches, answer = members  # the last round keeps GRPO's advantage
+            advantages[answer] = a_traj - penalty[answer]
+            if not searches:
+                continue
+            rounds = len(searches)
+            scores = [float(contributions[i]) for i in searches]
             if a_traj < 0:
-                scores = [1.0 - c for c in scores]
-            total = sum(scores)
-            equal = max(scores) == min(scores)
-            for i, c in zip(members, scores, strict=True):
-                weight = 1.0 if equal or total <= 0 else len(members) * c / total
-                advantages[i] = weight * a_traj - penalty[i]
+                weights = [1.0 / rounds] * rounds
+            elif math.isinf(contribution_gamma):
+                total = max(sum(scores), 1e-6)
+                weights = [c / total for c in scores]
+            else:
+                top = max(scores)
+                exps = [math.exp(contribution_gamma * (c - top)) for c in scores]
+                weights = [e / sum(exps) for e in exps]
+            for i, w in zip(searches, weights, strict=True):
+                advantages[i] = rounds * w * a_traj - penalty[i]
         episode_advantage, step_advantage = list(advantages), [0.0] * n
     elif name == "grpo":
         step_advantage = [0.0] * n
