@@ -618,8 +618,8 @@ class Game:
 
     @property
     def goal_progress_model(self) -> _GoalProgress:
-        """The goal grounded against the static facts, built on first use (a few ms) and shared
-        by every world playing this game."""
+        """The goal grounded against the static facts, built on first use (about 0.3 ms on
+        ALFWorld's games) and shared by every world playing this game."""
         model = self._goal_progress
         if model is None:
             # two threads may both build it: the results are equal and the assignment atomic
