@@ -7,13 +7,22 @@ says how much each round contributed to solving the task:
 * :class:`ProgressJudge`: a rule judge for envs that report progress in their info; a round
   scores 1 when it raised the progress value (the Corridor env's ``info["score"]`` is the share
   of rooms passed, so a round scores 1 exactly when it advanced a room).
+  ALFWorld reports ``info["goal_progress"]`` (the share of the goal's facts that hold), so the
+  same judge scores a round 1 when it made a goal fact true; Sokoban's ``score`` is the share of
+  boxes on targets.
 * :class:`SearchQAJudge`: a rule judge for search-QA: a search round scores 1 when it retrieved
-  a passage holding a golden answer; the answer round scores its F1 against the golden answers.
-* :class:`LLMJudge`: a Hugging Face causal LM asked, through a prompt template, whether the
-  round helped; the score is ``P(yes) / (P(yes) + P(no))`` of the next token, batched.
+  a passage holding a golden answer (the env's ``info["retrieved_answer"]``); the answer round
+  scores its F1 against the golden answers.
+* :class:`LLMJudge`: a Hugging Face causal LM asked, through one or more prompt templates,
+  whether the round helped; each template's score is ``P(yes) / (P(yes) + P(no))`` of the next
+  token and the round's score is their product (CW-GRPO's judge multiplies a retrieval-utility
+  and a reasoning-correctness verdict: :data:`CW_GRPO_TEMPLATES`), batched.
 
-``judge(trajectories)`` returns one float64 array per trajectory, shape (len(steps),);
-:func:`row_contributions` flattens them in the trajectories' (trajectory, step) order.
+:func:`rule_judge` gives the rule judge of an env family (``corridor``, ``sokoban``,
+``alfworld``, ``searchqa``). ``judge(trajectories)`` returns one float64 array per trajectory,
+shape (len(steps),); ``judge.score_last(trajectories)`` scores only each trajectory's last
+round (what a step-level rollout needs after every step); :func:`row_contributions` flattens
+``judge(trajectories)`` in the trajectories' (trajectory, step) order.
 """
 
 from __future__ import annotations
@@ -25,12 +34,15 @@ from typing import Any, Protocol
 import numpy as np
 
 __all__ = [
+    "CW_GRPO_TEMPLATES",
     "DEFAULT_JUDGE_TEMPLATE",
+    "RULE_JUDGES",
     "Judge",
     "LLMJudge",
     "ProgressJudge",
     "SearchQAJudge",
     "row_contributions",
+    "rule_judge",
 ]
 
 
@@ -60,6 +72,14 @@ class Judge(abc.ABC):
                     f"{type(self).__name__} must give one score in [0, 1] per round; got {s!r}"
                 )
         return scores
+
+    def score_last(self, trajectories: Sequence[_TrajectoryLike]) -> np.ndarray:
+        """float64 (len(trajectories),): the score of each trajectory's last round (each needs
+        at least one step). Judges whose rounds cost something to score (an LLM) override it to
+        score only those rounds."""
+        if any(not traj.steps for traj in trajectories):
+            raise ValueError("score_last needs trajectories of at least one step")
+        return np.array([s[-1] for s in self(trajectories)], dtype=np.float64)
 
 
 def row_contributions(trajectories: Sequence[_TrajectoryLike], judge: Judge) -> np.ndarray:
@@ -93,10 +113,14 @@ class ProgressJudge(Judge):
 class SearchQAJudge(Judge):
     """Search-QA rule judge: did the round retrieve a passage holding a golden answer.
 
-    The retrieved passage ids of a round are those its ``info["state_key"][1]`` (the passages
-    retrieved so far, after the round) adds to its ``state_key[1]`` (before the round);
+    The env knows: ``AgentGym/SearchQA-v0`` sets ``info["retrieved_answer"]`` on every step (a
+    search round that brought a new passage containing a golden answer), and that is what this
+    judge reads, so it needs no passage texts and works on trajectories played in other
+    processes. For trajectories without that key (recorded elsewhere), give ``passage_text``:
+    the round's new passage ids are those its ``info["state_key"][1]`` (the passages retrieved
+    so far, after the round) adds to its ``state_key[1]`` (before the round), and
     ``passage_text`` maps an id to its text (a dict, or e.g. a retriever's document lookup).
-    The golden answers come from the trajectory's answer round (``info["golden_answers"]``),
+    The golden answers then come from the trajectory's answer round (``info["golden_answers"]``),
     or from ``golden_answers`` by ``info["task_id"]`` for trajectories that never answered.
     A passage holds an answer when the normalised answer (SQuAD normalisation, as the env's
     exact match) is a substring of the normalised passage. The answer round scores its F1.
@@ -104,10 +128,13 @@ class SearchQAJudge(Judge):
 
     def __init__(
         self,
-        passage_text: Mapping[str, str] | Callable[[str], str],
+        passage_text: Mapping[str, str] | Callable[[str], str] | None = None,
         golden_answers: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
-        self._text = passage_text.__getitem__ if isinstance(passage_text, Mapping) else passage_text
+        if isinstance(passage_text, Mapping):
+            self._text: Callable[[str], str] | None = passage_text.__getitem__
+        else:
+            self._text = passage_text
         self._golden = golden_answers or {}
 
     def score(self, trajectories: Sequence[_TrajectoryLike]) -> list[np.ndarray]:
@@ -115,6 +142,25 @@ class SearchQAJudge(Judge):
 
         out = []
         for traj in trajectories:
+            if all("retrieved_answer" in step.info or "f1" in step.info for step in traj.steps):
+                out.append(
+                    np.array(
+                        [
+                            float(step.info["f1"])
+                            if "f1" in step.info
+                            else float(bool(step.info["retrieved_answer"]))
+                            for step in traj.steps
+                        ],
+                        dtype=np.float64,
+                    )
+                )
+                continue
+            if self._text is None:
+                raise ValueError(
+                    "these search-QA steps carry no info['retrieved_answer'] (they were not "
+                    "played by AgentGym/SearchQA-v0): give SearchQAJudge(passage_text=...) so "
+                    "it can read the retrieved passages"
+                )
             golden: Sequence[str] = ()
             for step in traj.steps:
                 golden = step.info.get("golden_answers") or golden
@@ -152,16 +198,36 @@ DEFAULT_JUDGE_TEMPLATE = (
 )
 """prompt of :class:`LLMJudge`; fields ``observation``, ``action``, ``result`` (next text)"""
 
+CW_GRPO_TEMPLATES = (
+    "Search round review.\n"
+    "Before this round the agent saw:\n{observation}\n"
+    "It did: {action}\n"
+    "It got back:\n{result}\n"
+    "Did this round bring new information that is relevant to the question and was not "
+    "already retrieved before? Answer yes or no.\nAnswer:",
+    "Search round review.\n"
+    "Before this round the agent saw:\n{observation}\n"
+    "It did: {action}\n"
+    "Is this action supported by what the agent had already found, and does it seek what is "
+    "still missing to answer (or answer as that information says)? Answer yes or no.\nAnswer:",
+)
+"""CW-GRPO's two verdicts per round, retrieval utility and reasoning correctness, whose product
+is the round's contribution (the paper's judge gives each 0 or 1; here each is P(yes))"""
+
 
 class LLMJudge(Judge):
     """A causal LM judges each round: score = ``P(yes) / (P(yes) + P(no))`` for its next token.
 
+    With several templates the round's score is the product of their scores (CW-GRPO's
+    contribution is retrieval utility times reasoning correctness: pass
+    ``templates=CW_GRPO_TEMPLATES``).
+
     Args:
         model: a Hugging Face causal LM (``AutoModelForCausalLM``), already on its device.
         tokenizer: its tokenizer; a missing pad token is set to the EOS token.
-        template: a ``str.format`` template with ``{observation}``, ``{action}`` and
-            ``{result}`` (the observation after the round: the next step's observation, or
-            ``info["result"]`` / the empty string at the end).
+        template: a ``str.format`` template, or a sequence of them, with ``{observation}``,
+            ``{action}`` and ``{result}`` (the observation after the round: the next step's
+            observation, or ``info["result"]`` / the empty string at the end).
         yes, no: the answer words; the first token of each (with a leading space) is compared.
         batch_size: prompts per forward pass.
         max_prompt_tokens: prompts are truncated from the left to this many tokens (the end
@@ -172,13 +238,16 @@ class LLMJudge(Judge):
         self,
         model: Any,
         tokenizer: Any,
-        template: str = DEFAULT_JUDGE_TEMPLATE,
+        template: str | Sequence[str] = DEFAULT_JUDGE_TEMPLATE,
         yes: str = " yes",
         no: str = " no",
         batch_size: int = 16,
         max_prompt_tokens: int = 1024,
     ) -> None:
-        self.model, self.tokenizer, self.template = model, tokenizer, template
+        self.model, self.tokenizer = model, tokenizer
+        self.templates = (template,) if isinstance(template, str) else tuple(template)
+        if not self.templates:
+            raise ValueError("LLMJudge needs at least one template")
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         ids = [tokenizer(w, add_special_tokens=False)["input_ids"] for w in (yes, no)]
@@ -190,33 +259,35 @@ class LLMJudge(Judge):
         self.yes_id, self.no_id = ids[0][0], ids[1][0]
         self.batch_size, self.max_prompt_tokens = batch_size, max_prompt_tokens
 
-    def prompts(self, trajectories: Sequence[_TrajectoryLike]) -> list[str]:
-        """The judge's prompt of every round, trajectory after trajectory."""
-        out = []
-        for traj in trajectories:
-            steps = traj.steps
-            for t, step in enumerate(steps):
-                result = (
-                    steps[t + 1].observation
-                    if t + 1 < len(steps)
-                    else str(step.info.get("result", ""))
-                )
-                out.append(
-                    self.template.format(
-                        observation=step.observation, action=step.action, result=result
-                    )
-                )
-        return out
+    @property
+    def template(self) -> str:
+        """The first (with one template, the only) prompt template."""
+        return self.templates[0]
 
-    def score(self, trajectories: Sequence[_TrajectoryLike]) -> list[np.ndarray]:
+    def _fields(self, steps: Sequence[_StepLike], t: int) -> dict[str, str]:
+        step = steps[t]
+        result = (
+            steps[t + 1].observation if t + 1 < len(steps) else str(step.info.get("result", ""))
+        )
+        return {"observation": step.observation, "action": step.action, "result": result}
+
+    def prompts(self, trajectories: Sequence[_TrajectoryLike]) -> list[str]:
+        """The judge's prompts of every round, trajectory after trajectory, then template after
+        template (``len(templates) x rounds`` prompts)."""
+        fields = [self._fields(t.steps, i) for t in trajectories for i in range(len(t.steps))]
+        return [tpl.format(**f) for tpl in self.templates for f in fields]
+
+    def _yes_probability(self, prompts: list[str]) -> np.ndarray:
+        """float64 (len(prompts),): ``P(yes) / (P(yes) + P(no))`` of each prompt's next token."""
         import torch
 
-        prompts = self.prompts(trajectories)
         flat = np.zeros(len(prompts))
         device = next(self.model.parameters()).device
         side = self.tokenizer.padding_side
         self.tokenizer.padding_side = "left"  # the last position is every prompt's next token
         self.tokenizer.truncation_side = "left"
+        was_training = getattr(self.model, "training", False)
+        self.model.eval()  # the policy may judge between its updates: no dropout in a verdict
         try:
             with torch.inference_mode():
                 for lo in range(0, len(prompts), self.batch_size):
@@ -232,8 +303,50 @@ class LLMJudge(Judge):
                     flat[lo : lo + len(pair)] = torch.softmax(pair, dim=1)[:, 0].cpu().numpy()
         finally:
             self.tokenizer.padding_side = side
+            self.model.train(was_training)
+        return flat
+
+    def _product(self, probabilities: np.ndarray, rounds: int) -> np.ndarray:
+        return probabilities.reshape(len(self.templates), rounds).prod(axis=0)
+
+    def score(self, trajectories: Sequence[_TrajectoryLike]) -> list[np.ndarray]:
+        rounds = sum(len(t.steps) for t in trajectories)
+        flat = self._product(self._yes_probability(self.prompts(trajectories)), rounds)
         out, start = [], 0
         for traj in trajectories:
             out.append(flat[start : start + len(traj.steps)])
             start += len(traj.steps)
         return out
+
+    def score_last(self, trajectories: Sequence[_TrajectoryLike]) -> np.ndarray:
+        if any(not traj.steps for traj in trajectories):
+            raise ValueError("score_last needs trajectories of at least one step")
+        fields = [self._fields(t.steps, len(t.steps) - 1) for t in trajectories]
+        prompts = [tpl.format(**f) for tpl in self.templates for f in fields]
+        return self._product(self._yes_probability(prompts), len(trajectories))
+
+
+RULE_JUDGES: dict[str, Callable[[], Judge]] = {
+    "corridor": lambda: ProgressJudge("score"),
+    "sokoban": lambda: ProgressJudge("score"),
+    "alfworld": lambda: ProgressJudge("goal_progress"),
+    "searchqa": SearchQAJudge,
+}
+"""env family -> its rule judge: what the env knows about a round's contribution"""
+
+
+def rule_judge(family: str) -> Judge:
+    """The rule judge of an env family (``env.unwrapped.family``); see :data:`RULE_JUDGES`.
+
+    Raises:
+        ValueError: the family reports nothing a rule could score a round by (WebShop's score
+            exists only at the purchase): use an :class:`LLMJudge` there.
+    """
+    make = RULE_JUDGES.get(family)
+    if make is None:
+        raise ValueError(
+            f"no rule judge for the {family!r} family (its info holds no per-round ground "
+            f"truth); rule judges exist for {', '.join(sorted(RULE_JUDGES))}: use an LLM judge "
+            "(the trainer's --judge llm) for this env"
+        )
+    return make()

@@ -122,14 +122,27 @@ class Config:
     episode_stats_over: str = "trajectories"
     """episode-group statistics over ``trajectories`` (the paper) or ``steps`` (verl-agent's
     implementation, which weighs long trajectories more)"""
-    judge: str = "progress"
-    """``cw_grpo``'s per-round contribution judge: ``progress`` (a round scores 1 when it raised
-    ``info["score"]``: on the corridor, when it passed a room)"""
+    judge: str = "rule"
+    """per-round judge of ``cw_grpo`` (contributions) and of ``--rollout stepwise`` (dense
+    rewards): ``rule`` (the env family's ground truth: a room passed on the corridor, a goal
+    fact made true in ALFWorld, a box onto a target in Sokoban, a passage holding the answer in
+    search-QA) or ``llm`` (a language model asked whether the round helped)"""
+    judge_model: str = "policy"
+    """``--judge llm``'s model: ``policy`` (the model being trained judges, in eval mode) or a
+    local path / hub name of a causal LM"""
+    contribution_gamma: float = float("inf")
+    """``cw_grpo``: sharpness of the contribution weights over a trajectory's rounds (``inf``:
+    proportional to the judge's scores, the paper's default; finite: softmax(gamma * score))"""
 
     # --- rollout shape -----------------------------------------------------------------------
     rollout: str = "flat"
-    """``flat`` (every env plays one episode from the reset state) or ``tree`` (branching at
-    equal samples: roots copied into sibling continuations at sampled steps; ``slate`` needs it)"""
+    """``flat`` (every env plays one episode from the reset state), ``tree`` (branching at equal
+    samples: roots copied into sibling continuations at sampled steps, each played to the end)
+    or ``stepwise`` (SLATE's truncated step-level sampling: every step, the group's envs sample
+    one candidate each from a shared prefix, the judge scores them, one is drawn to continue);
+    ``slate`` trains on ``tree`` or ``stepwise`` rollouts"""
+    selection_temperature: float = 0.7
+    """stepwise rollout: the next prefix is drawn with probability softmax(advantage / this)"""
     branch_points: int = 1
     """tree rollout: branch steps per trajectory"""
     continuations: int = 2
@@ -274,12 +287,43 @@ class Config:
                               f"sized from the model), got {self.micro_batch_tokens}")  # fmt: skip
         choose("env_backend", ENV_BACKENDS)
         choose("episode_stats_over", EPISODE_STATS)
-        choose("rollout", ("flat", "tree"))
-        choose("judge", ("progress",))
-        if (self.advantage == "slate") != (self.rollout == "tree"):
+        choose("rollout", ("flat", "tree", "stepwise"))
+        if self.judge == "progress":  # the rule judge's name in earlier configs
+            self.judge = "rule"
+        choose("judge", ("rule", "llm"))
+        if (self.advantage == "slate") != (self.rollout in ("tree", "stepwise")):
             raise ConfigError(
                 f"{flag('advantage')} slate trains on sibling continuations, which only "
-                f"{flag('rollout')} tree makes (and tree rows suit only slate): use both or neither"
+                f"{flag('rollout')} tree or stepwise makes (and their rows suit only slate): use "
+                "both or neither"
+            )
+        if self.rollout == "stepwise" and self.group_size < 2:
+            raise ConfigError(
+                f"{flag('rollout')} stepwise draws {flag('group_size')} candidates per step: it "
+                f"needs at least 2, got {self.group_size}"
+            )
+        if (self.advantage == "cw_grpo" or self.rollout == "stepwise") and self.judge == "rule":
+            from agentgym.algorithms.judges import RULE_JUDGES
+            from agentgym.envs import entry
+
+            try:
+                family = entry(self.env).family
+            except KeyError:  # an unknown id is reported where the env is made
+                family = None
+            if family is not None and family not in RULE_JUDGES:
+                raise ConfigError(
+                    f"{flag('judge')} rule: the {family!r} family reports no per-round ground "
+                    f"truth (rule judges: {', '.join(sorted(RULE_JUDGES))}); use "
+                    f"{flag('judge')} llm"
+                )
+        if not self.selection_temperature > 0:
+            raise ConfigError(
+                f"{flag('selection_temperature')} must be > 0, got {self.selection_temperature}"
+            )
+        if not self.contribution_gamma > 0:
+            raise ConfigError(
+                f"{flag('contribution_gamma')} must be > 0 (inf: proportional weights), got "
+                f"{self.contribution_gamma}"
             )
         if self.rollout == "tree" and (
             self.continuations < 2

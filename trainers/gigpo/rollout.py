@@ -244,6 +244,114 @@ def collect_tree(
     return tree_rows(venv.trajectories(), gens, timings)
 
 
+def collect_stepwise(
+    venv: GroupVectorEnv,
+    policy: Policy,
+    judge: Any,
+    *,
+    selection_temperature: float = 0.7,
+    epsilon: float = 1e-6,
+    seed: int | None = None,
+    options: dict[str, Any] | None = None,
+    temperature: float | None = None,
+) -> RolloutBatch:
+    """SLATE's truncated step-level sampling (arXiv 2602.23440, Algorithm 1), one episode per group.
+
+    The ``K = group_size`` envs of a group always stand in the same state. Every round each of
+    them samples a candidate next action from that shared prefix and plays it (one step, never
+    rolled out further): the K candidates are one branch group. A candidate's dense reward is
+    ``r = env reward + judge score of the round`` (the paper's judge rewards; here any
+    :class:`~agentgym.algorithms.judges.Judge`, rule or LLM, through ``judge.score_last``), its
+    advantage ``A = (r - mean) / (std + epsilon)`` within the K (the paper's Eq. 5, which
+    ``compute_advantage("slate", norm="mean_std_norm")`` computes from these rows), and the
+    winner is drawn with probability ``softmax(A / selection_temperature)`` (the paper's
+    reward-weighted selection, eta = 0.7). The other K - 1 envs become copies of the winner
+    (``GroupVectorEnv.branch``) and the next round samples from there, until the winner's
+    episode ends (its own termination or step cap).
+
+    Equal samples: a group of K generates K candidates per round, as K full trajectories
+    generate K steps per round.
+
+    Rows: one per candidate, each its own one-step trajectory (``traj_ids`` unique, ``step_ids``
+    the round), ``rewards`` the dense reward, ``branch_ids`` the (group, round) branch group.
+    ``trajectories`` are the winners' episodes, one per group (what success rates count).
+    """
+    group_size = venv.group_size
+    if group_size < 2:
+        raise ValueError(f"a stepwise rollout needs group_size >= 2 candidates, got {group_size}")
+    if selection_temperature <= 0:
+        raise ValueError(f"selection_temperature must be > 0, got {selection_temperature}")
+    rng = np.random.default_rng(seed)
+    num_groups = venv.num_envs // group_size
+    timings = {"generate": 0.0, "env": 0.0, "judge": 0.0}
+    t0 = time.perf_counter()
+    obs, _ = venv.reset(seed=seed, options=options)
+    obs = list(obs)
+    timings["env"] += time.perf_counter() - t0
+    kwargs = {} if temperature is None else {"temperature": temperature}
+    rows: list[tuple[Generation, Any, int, int, float]] = []  # gen, step, group, round, reward
+    winners = [g * group_size for g in range(num_groups)]
+    finished: list[Trajectory | None] = [None] * num_groups
+    round_index = 0
+    while venv.active.any():
+        live = np.flatnonzero(venv.active)
+        t0 = time.perf_counter()
+        out = policy.generate([obs[i] for i in live], **kwargs)
+        timings["generate"] += time.perf_counter() - t0
+        actions = [""] * venv.num_envs
+        for i, gen in zip(live, out, strict=True):
+            actions[i] = gen.text
+        t0 = time.perf_counter()
+        obs, _, _, _, _ = venv.step(actions)
+        obs = list(obs)
+        trajs = venv.trajectories()
+        timings["env"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        judged = judge.score_last([trajs[i] for i in live])
+        timings["judge"] += time.perf_counter() - t0
+        dense = {
+            int(i): trajs[i].steps[-1].reward + float(j) for i, j in zip(live, judged, strict=True)
+        }
+        for i, gen in zip(live, out, strict=True):
+            rows.append((gen, trajs[i].steps[-1], int(i) // group_size, round_index, dense[int(i)]))
+        t0 = time.perf_counter()
+        for g in np.unique(live // group_size):
+            members = [int(i) for i in live if i // group_size == g]
+            r = np.array([dense[i] for i in members])
+            spread = r.std(ddof=1) if len(r) > 1 else 0.0
+            a = (r - r.mean()) / (spread + epsilon)
+            p = np.exp((a - a.max()) / selection_temperature)
+            winner = members[int(rng.choice(len(members), p=p / p.sum()))]
+            winners[g] = winner
+            others = [i for i in range(g * group_size, (g + 1) * group_size) if i != winner]
+            if trajs[winner].done:
+                finished[g] = trajs[winner]
+                venv.active[others] = False  # the group's episode is over
+                continue
+            new_obs, _ = venv.branch(winner, others)
+            for t, o in zip(others, new_obs, strict=True):
+                obs[t] = o
+        timings["env"] += time.perf_counter() - t0
+        round_index += 1
+    trajs = venv.trajectories()
+    episodes = [f if f is not None else trajs[w] for f, w in zip(finished, winners, strict=True)]
+    n = len(rows)
+    return RolloutBatch(
+        prompt_ids=[r[0].prompt_ids for r in rows],
+        response_ids=[r[0].response_ids for r in rows],
+        sample_logprobs=[r[0].logprobs for r in rows],
+        rewards=np.array([r[4] for r in rows], dtype=np.float32),
+        group_ids=np.array([r[2] for r in rows], dtype=np.int64),
+        traj_ids=np.arange(n, dtype=np.int64),
+        step_ids=np.array([r[3] for r in rows], dtype=np.int64),
+        state_keys=[r[1].state_key for r in rows],
+        invalid=np.array([not r[1].action_valid for r in rows], dtype=bool),
+        trajectories=episodes,
+        timings=timings,
+        branch_ids=np.array([r[2] * (round_index + 1) + r[3] for r in rows], dtype=np.int64),
+    )
+
+
 def branch_groups(trajectories: Sequence[Trajectory]) -> tuple[np.ndarray, list[np.ndarray]]:
     """Each trajectory's first own step, and the branch group of each of its own steps.
 

@@ -78,7 +78,13 @@ from trainers.gigpo.packing import (
     supports_varlen,
 )
 from trainers.gigpo.policy import HFPolicy, VLLMPolicy
-from trainers.gigpo.rollout import RolloutBatch, collect, collect_tree, make_group_env
+from trainers.gigpo.rollout import (
+    RolloutBatch,
+    collect,
+    collect_stepwise,
+    collect_tree,
+    make_group_env,
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -113,6 +119,13 @@ def env_texts(config: Config, episodes: int = 24) -> list[str]:
                 texts.append(obs[0])
     finally:
         venv.close()
+    if config.judge == "llm" and config.judge_model == "policy":
+        # The policy judges rounds: its vocabulary needs the judge's prompts and answer words.
+        from agentgym.algorithms.judges import CW_GRPO_TEMPLATES, DEFAULT_JUDGE_TEMPLATE
+
+        blank = {"observation": "", "action": "", "result": ""}
+        texts += [t.format(**blank) for t in (DEFAULT_JUDGE_TEMPLATE, *CW_GRPO_TEMPLATES)]
+        texts.append(" yes no")
     return texts
 
 
@@ -440,11 +453,37 @@ def _env_kwargs(config: Config) -> dict[str, Any]:
     return kwargs
 
 
-def _contributions(batch: RolloutBatch) -> np.ndarray:
-    """CW-GRPO's judge scores of every row (the rule judge: did the round make progress)."""
-    from agentgym.algorithms.judges import ProgressJudge
+def make_judge(config: Config, model: Any = None, tokenizer: Any = None) -> Any:
+    """The per-round judge of ``--judge``: the env family's rule judge, or an LLM judge (the
+    policy model itself with ``--judge-model policy``, else the causal LM named there)."""
+    from agentgym.algorithms.judges import (
+        CW_GRPO_TEMPLATES,
+        DEFAULT_JUDGE_TEMPLATE,
+        LLMJudge,
+        rule_judge,
+    )
+    from agentgym.envs import entry
 
-    scores = ProgressJudge()(batch.trajectories)
+    family = entry(config.env).family
+    if config.judge == "rule":
+        try:
+            return rule_judge(family)
+        except ValueError as exc:
+            raise ConfigError(f"--judge rule: {exc}") from None
+    if config.judge_model != "policy":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        device = next(model.parameters()).device if model is not None else "cpu"
+        tokenizer = AutoTokenizer.from_pretrained(config.judge_model)
+        model = AutoModelForCausalLM.from_pretrained(config.judge_model).to(device).eval()
+    # Search rounds are judged as CW-GRPO's paper does: retrieval utility x reasoning soundness.
+    template = CW_GRPO_TEMPLATES if family == "searchqa" else DEFAULT_JUDGE_TEMPLATE
+    return LLMJudge(model, tokenizer, template=template)
+
+
+def _contributions(batch: RolloutBatch, judge: Any) -> np.ndarray:
+    """CW-GRPO's judge scores of every row, in row order."""
+    scores = judge(batch.trajectories)
     if batch.row_start is not None:  # tree rows: own steps only
         scores = [s[start:] for s, start in zip(scores, batch.row_start.tolist(), strict=True)]
     return np.concatenate(scores) if scores else np.zeros(0)
@@ -739,6 +778,11 @@ def train(config: Config) -> list[dict[str, Any]]:
             f"generation_backend must be 'hf' or 'vllm', got {config.generation_backend!r}"
         )
 
+    judge = (
+        make_judge(config, model, tokenizer)
+        if config.advantage == "cw_grpo" or config.rollout == "stepwise"
+        else None
+    )
     venv = make_group_env(
         config.env,
         num_groups=config.num_groups,
@@ -853,7 +897,16 @@ def train(config: Config) -> list[dict[str, Any]]:
 
             # ROLLOUT ---------------------------------------------------------------------
             progress = _RolloutProgress(policy, phase, venv.num_envs, f"rollout {it + 1}")
-            if config.rollout == "tree":
+            if config.rollout == "stepwise":
+                batch = collect_stepwise(
+                    venv,
+                    progress,
+                    judge,
+                    selection_temperature=config.selection_temperature,
+                    seed=config.seed * 1_000_003 + it,
+                    options=_split_options(config.train_split),
+                )
+            elif config.rollout == "tree":
                 batch = collect_tree(
                     venv,
                     progress,
@@ -891,7 +944,14 @@ def train(config: Config) -> list[dict[str, Any]]:
                 invalid_penalty=config.invalid_penalty,
                 episode_stats_over=config.episode_stats_over,
                 branch_ids=batch.branch_ids,
-                contributions=_contributions(batch) if config.advantage == "cw_grpo" else None,
+                contributions=_contributions(batch, judge)
+                if config.advantage == "cw_grpo"
+                else None,
+                **(
+                    {"contribution_gamma": config.contribution_gamma}
+                    if config.advantage == "cw_grpo"
+                    else {}
+                ),
             )
             advantages = torch.as_tensor(np.asarray(adv.advantages, dtype=np.float32))
             time_advantage = time.perf_counter() - t0

@@ -217,8 +217,10 @@ class SearchQAEnv(TextEnv):
     exact match (0.0 until answered). Also on every step: ``question``, ``data_source``,
     ``synthetic``, ``suggested_actions`` (a few plausible actions for random rollouts:
     ``search[...]`` of the question's entity mentions and of the question, ``answer[...]`` of
-    the titles retrieved so far), and after an answer ``answer``, ``f1`` and ``golden_answers``.
-    Golden answers are never in an observation.
+    the titles retrieved so far), ``retrieved_answer`` (True on a search round that brought a
+    new passage containing a golden answer, the ground truth of the rule judge
+    :class:`~agentgym.algorithms.judges.SearchQAJudge`), and after an answer ``answer``, ``f1``
+    and ``golden_answers``. Golden answers are never in an observation.
 
     Args:
         data: Search-R1-style question file (parquet / JSONL) or a folder of ``<split>.parquet``
@@ -396,6 +398,16 @@ class SearchQAEnv(TextEnv):
         verb, content = parsed
         if verb == "search":
             hits = self._retriever.search([content], self.topk)[0]
+            # Ground truth for rule judges: did this round bring a new passage holding a golden
+            # answer (normalised substring, as exact match normalises). New passages only, and
+            # a handful per search, so this stays a few microseconds.
+            golden = self._golden_norm()
+            found = any(
+                a in normalize_answer(str(h.document.get("contents", "")))
+                for h in hits
+                if h.doc_id not in self._retrieved
+                for a in golden
+            )
             self._retrieved = self._retrieved | {h.doc_id for h in hits}
             titles = dict.fromkeys(self._titles)
             for h in hits:
@@ -403,7 +415,7 @@ class SearchQAEnv(TextEnv):
                 titles.setdefault(_TRAILING_PAREN_RE.sub("", title) or title)
             self._titles = tuple(titles)
             obs = f"<information>{passages_to_string(hits).strip()}</information>"
-            return obs, 0.0, False, self._info(True)
+            return obs, 0.0, False, self._info(True, retrieved_answer=found)
         golden = self._dataset.golden_answers[self._row]
         self._answer, self._answer_norm = content, normalize_answer(content)
         self._em, self._f1 = exact_match(content, golden), f1(content, golden)
@@ -461,7 +473,11 @@ class SearchQAEnv(TextEnv):
         searches = [f"search[{m}]" for m in self._mentions]
         return searches + [f"answer[{t}]" for t in self._titles[-8:]]
 
-    def _info(self, valid: bool) -> dict[str, Any]:
+    def _golden_norm(self) -> tuple[str, ...]:
+        """The normalised, non-empty golden answers of the current question."""
+        return tuple(a for a in map(normalize_answer, self._dataset.golden_answers[self._row]) if a)
+
+    def _info(self, valid: bool, retrieved_answer: bool = False) -> dict[str, Any]:
         answered = self._answer is not None
         return {
             "state_key": self.state_key(),
@@ -475,4 +491,5 @@ class SearchQAEnv(TextEnv):
             "data_source": self._dataset.data_sources[self._row],
             "split": self.split,
             "suggested_actions": self.suggested_actions(),
+            "retrieved_answer": retrieved_answer,
         }
