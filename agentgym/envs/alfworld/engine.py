@@ -407,15 +407,10 @@ class _GoalProgress:
         entry: tuple[str, ...],
         atom_ids: dict[tuple[str, tuple], int],
     ) -> _RuleProgress:
-        fluent, derived = game.domain.fluent, game.goal.axioms
-        goal_facts = [
-            lit for lit in literals if lit[1] != "=" and (lit[1] in fluent or lit[1] in derived)
-        ]
-        static = [
-            lit
-            for lit in literals
-            if not (lit[1] != "=" and (lit[1] in fluent or lit[1] in derived))
-        ]
+        # goal facts can change while the game is played; the rest ('=', types) cannot
+        changeable = game.domain.fluent | game.goal.axioms.keys()
+        goal_facts = [lit for lit in literals if lit[1] in changeable]
+        static = [lit for lit in literals if lit[1] not in changeable]
         size_hint = {p: len(s) for p, s in game.static.items()}
         plan = _compile_plan(static, list(params), tuple(range(len(entry))), size_hint)
         groundings: list[tuple] = []
