@@ -1,7 +1,7 @@
 """Critic-free advantage estimators for multi-turn agent RL: GRPO, GiGPO, RLOO, SLATE, CW-GRPO.
 
 GRPO and GiGPO are described below; RLOO (leave-one-out baselines), SLATE (advantages within
-branch groups of sibling continuations, from a tree rollout's ``branch_ids``) and CW-GRPO
+branch groups of sibling samples of one state, from a stepwise or tree rollout's ``branch_ids``) and CW-GRPO
 (arXiv 2604.14267: a judge's per-round ``contributions`` share a successful trajectory's GRPO
 credit among its rounds before the answer round) are documented on their functions,
 :func:`rloo`, :func:`slate` and :func:`cw_grpo`.
@@ -612,18 +612,25 @@ def rloo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
 
 @register_advantage("slate")
 def slate(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
-    """SLATE's truncated step-level sampling: advantages within branch groups of siblings.
+    """SLATE's truncated step-level sampling (arXiv 2602.23440): advantages within branch groups.
 
-    A branch group is k continuations that share a prefix and differ from the branch step on;
-    their branch-step rows act from one state (one snapshot). The sample of continuation i is
-    its branch-step action, scored by the discounted return from that step (Eq. 5, less the
-    row's invalid-action penalty) and compared with its siblings only:
-    ``A_i = G_i - mean_{j in branch} G_j`` (divided by the siblings' std + epsilon with
-    ``mean_std_norm``). Everything before the branch step is shared, so it cancels out of the
-    comparison: this is what removes the variance of the other T - 1 steps. Rows that are not
-    branch-step samples (``branch_ids == -1``: the continuations that only measure the return)
-    get advantage 0, and so does a branch group of one. The root group (k rollouts from the
-    reset state) is the branch group at step 0 when the caller marks it so.
+    A branch group is k samples that share a prefix and differ from the branch step on: their
+    branch-step rows act from one state (one snapshot). Each sample is scored by its row's
+    discounted return (Eq. 5 here, less the row's invalid-action penalty) and compared with its
+    siblings only: ``A_j = G_j - mean_{i in branch} G_i``, divided by the siblings' sample std
+    + epsilon with ``mean_std_norm`` (the paper's Eq. 5: ``(r_j - mean) / (std + eps)``).
+    Everything before the branch step is shared and cancels out of the comparison: this is
+    what removes the variance of the other T - 1 steps. Two rollouts produce these rows:
+
+    * the paper's (``trainers.gigpo.rollout.collect_stepwise``, Algorithm 1): every step of one
+      episode per group is a branch point, each candidate is one step and its own one-row
+      trajectory, so ``G_j`` is its dense reward ``r_j`` (env reward + a judge's score);
+    * a Monte Carlo variant for envs without a dense judge (``collect_tree``): each sibling
+      plays on to the episode's end and ``G_j`` is its return from the branch step.
+
+    Rows that are not branch-step samples (``branch_ids == -1``: steps after the branch step in
+    the Monte Carlo variant) get advantage 0, and so does a branch group of one. The root group
+    (k rollouts from the reset state) is the branch group at step 0 when the caller marks it so.
     """
     if batch.branch_ids is None:
         raise ValueError(
