@@ -1,8 +1,8 @@
 """Critic-free advantage estimators for multi-turn agent RL: GRPO, GiGPO, RLOO, SLATE, CW-GRPO.
 
-GRPO and GiGPO are described below; RLOO (leave-one-out baselines), SLATE (advantages within
-branch groups of sibling samples of one state, from a stepwise or tree rollout's ``branch_ids``) and CW-GRPO
-(arXiv 2604.14267: a judge's per-round ``contributions`` share a successful trajectory's GRPO
+GRPO and GiGPO are described below; RLOO (leave-one-out baselines), SLATE (arXiv 2602.23440:
+advantages within branch groups of sibling samples of one state, from a stepwise or tree
+rollout's ``branch_ids``) and CW-GRPO (arXiv 2604.14267: a judge's per-round ``contributions`` share a successful trajectory's GRPO
 credit among its rounds before the answer round) are documented on their functions,
 :func:`rloo`, :func:`slate` and :func:`cw_grpo`.
 
