@@ -2,9 +2,10 @@
 
 GRPO and GiGPO are described below; RLOO (leave-one-out baselines), SLATE (arXiv 2602.23440:
 advantages within branch groups of sibling samples of one state, from a stepwise or tree
-rollout's ``branch_ids``) and CW-GRPO (arXiv 2604.14267: a judge's per-round ``contributions`` share a successful trajectory's GRPO
-credit among its rounds before the answer round) are documented on their functions,
-:func:`rloo`, :func:`slate` and :func:`cw_grpo`.
+rollout's ``branch_ids``) and CW-GRPO (arXiv 2604.14267: a judge's per-round
+``contributions`` share a successful trajectory's GRPO credit among its rounds before the
+answer round) are documented on their functions, :func:`rloo`, :func:`slate` and
+:func:`cw_grpo`.
 
 GiGPO (Group-in-Group Policy Optimization, arXiv 2505.10978) gives every step of a multi-turn
 episode two relative advantages, both computed from a group of rollouts of the same task:
