@@ -31,11 +31,14 @@ independent steps, ``sum_t Var(r_t) / Var(r at the branch step)`` from measured 
 variances. Writes ``benchmarks/results/credit_variance.json``; medians over ``--repeats``
 independent repeats.
 
-Learning curves (``curves``): GiGPO, SLATE (``--rollout tree``), CW-GRPO (the progress rule
-judge) and GRPO train the same tiny random Qwen2 with the same script (``trainers.gigpo.train``),
-the same seeds and the same number of episodes per iteration, as
-``bench_gigpo_vs_grpo.py`` does; only the estimator (and SLATE's rollout shape) differs. Writes
-``credit_curves.json`` and ``credit_curves.png`` (median held-out success, min-max band).
+Learning curves (``curves``): GiGPO, SLATE (``--rollout stepwise``, the paper's truncated
+step-level sampling with the rule judge's dense reward), CW-GRPO (the rule judge) and GRPO
+train the same tiny random Qwen2 with the same script (``trainers.gigpo.train``) and the same
+seeds, as ``bench_gigpo_vs_grpo.py`` does; only the estimator (and SLATE's rollout shape)
+differs. Every iteration generates one action per env per round, so the samples are equal per
+round; the mean actions per iteration are reported (``slate_tree`` and ``rloo`` can be added
+with ``--methods``). Writes ``credit_curves.json`` and ``credit_curves.png`` (median held-out
+success, min-max band).
 
     python benchmarks/bench_credit_assignment.py variance          # ~15 s
     python benchmarks/bench_credit_assignment.py curves --jobs 2   # 10-16 min on 2 cores
@@ -232,8 +235,27 @@ COLORS = {
     "gigpo": (31, 119, 180),
     "grpo": (214, 39, 40),
     "slate": (44, 160, 44),
+    "slate_tree": (23, 190, 207),
     "cw_grpo": (148, 103, 189),
     "rloo": (255, 127, 14),
+}
+
+
+#: method name -> trainer options. SLATE as its paper runs it (stepwise truncated sampling,
+#: Eq. 5's std normalisation); ``slate_tree`` is the Monte Carlo tree variant; CW-GRPO and
+#: SLATE score rounds with the corridor's rule judge (a room passed).
+METHODS = {
+    "gigpo": lambda a: {"advantage": "gigpo"},
+    "grpo": lambda a: {"advantage": "grpo"},
+    "rloo": lambda a: {"advantage": "rloo"},
+    "cw_grpo": lambda a: {"advantage": "cw_grpo", "judge": "rule"},
+    "slate": lambda a: {"advantage": "slate", "rollout": "stepwise", "norm": "mean_std_norm"},
+    "slate_tree": lambda a: {
+        "advantage": "slate",
+        "rollout": "tree",
+        "branch_points": a.branch_points,
+        "continuations": a.continuations,
+    },
 }
 
 
@@ -245,18 +267,9 @@ def train_run(method: str, seed: int, args: argparse.Namespace, out: str) -> dic
 
     if args.jobs > 1:
         torch.set_num_threads(1)  # the jobs share the cores
-    tree = (
-        {
-            "rollout": "tree",
-            "branch_points": args.branch_points,
-            "continuations": args.continuations,
-        }
-        if method == "slate"
-        else {}
-    )
+    extra = METHODS[method](args)
     config = Config.for_env(
         "AgentGym/Corridor-v0",
-        advantage=method,
         seed=seed,
         iterations=args.iterations,
         eval_every=args.eval_every,
@@ -266,7 +279,7 @@ def train_run(method: str, seed: int, args: argparse.Namespace, out: str) -> dic
         save_final=False,
         quiet=True,
         plot=False,
-        **tree,
+        **extra,
     )
     t0 = time.perf_counter()
     history = train(config)
@@ -281,6 +294,7 @@ def train_run(method: str, seed: int, args: argparse.Namespace, out: str) -> dic
         "eval_samples": [r["samples"] for r in evals],
         "eval_success": [r["eval/success_rate"] for r in evals],
         "rollout_success": [r["rollout/success_rate"] for r in rows],
+        "actions_per_iteration": [r["rollout/actions"] for r in rows],
         "seconds": time.perf_counter() - t0,
         "config": config.to_dict(),
     }
@@ -337,6 +351,9 @@ def run_curves(args: argparse.Namespace) -> dict:
                 sum(r["eval_success"]) / len(r["eval_success"]) for r in mine
             ),
             "median_seconds": statistics.median(r["seconds"] for r in mine),
+            "mean_actions_per_iteration": float(
+                np.mean([a for r in mine for a in r["actions_per_iteration"]])
+            ),
         }
     if "grpo" in summary["methods"]:
         base = summary["methods"]["grpo"]
@@ -383,12 +400,17 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--groups", type=int, default=1500, help="groups per repeat")
     v.add_argument("--repeats", type=int, default=5)
     c = sub.add_parser("curves", help="learning curves of the estimators at equal samples")
-    c.add_argument("--methods", nargs="+", default=["gigpo", "slate", "cw_grpo", "grpo"])
+    c.add_argument(
+        "--methods",
+        nargs="+",
+        choices=sorted(METHODS),
+        default=["gigpo", "slate", "cw_grpo", "grpo"],
+    )
     c.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     c.add_argument("--iterations", type=int, default=40)
     c.add_argument("--eval-every", type=int, default=5)
-    c.add_argument("--branch-points", type=int, default=2, help="SLATE's tree rollout")
-    c.add_argument("--continuations", type=int, default=2, help="SLATE's tree rollout")
+    c.add_argument("--branch-points", type=int, default=2, help="slate_tree's rollout")
+    c.add_argument("--continuations", type=int, default=2, help="slate_tree's rollout")
     c.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     args = parser.parse_args(argv)
     if args.what == "variance":

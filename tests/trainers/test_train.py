@@ -18,7 +18,7 @@ from trainers.gigpo.train import STATE_FILE, train
 
 # Metrics every training record carries (the stable vocabulary the README documents).
 ROLLOUT_KEYS = {
-    "iteration", "samples", "rollout/success_rate", "rollout/return", "rollout/episode_length",
+    "iteration", "samples", "rollout/actions", "rollout/success_rate", "rollout/return", "rollout/episode_length",
     "rollout/invalid_rate", "rollout/response_tokens", "rollout/logprob_diff", "advantage/mean",
     "advantage/std", "update/loss", "update/pg_loss", "update/kl", "update/clip_fraction",
     "update/entropy", "update/grad_norm", "update/approx_kl_old", "time/generate", "time/env",

@@ -925,6 +925,7 @@ def train(config: Config) -> list[dict[str, Any]]:
                 )
             record: dict[str, Any] = {"iteration": it + 1, "samples": (it + 1) * venv.num_envs}
             record.update(episode_metrics("rollout", batch))
+            record["rollout/actions"] = len(batch)
             record["rollout/invalid_rate"] = float(batch.invalid.mean())
             record["rollout/response_tokens"] = float(np.mean([len(r) for r in batch.response_ids]))
 
