@@ -7,9 +7,10 @@ says how much each round contributed to solving the task:
 * :class:`ProgressJudge`: a rule judge for envs that report progress in their info; a round
   scores 1 when it raised the progress value (the Corridor env's ``info["score"]`` is the share
   of rooms passed, so a round scores 1 exactly when it advanced a room).
-  ALFWorld reports ``info["goal_progress"]`` (the share of the goal's facts that hold), so the
-  same judge scores a round 1 when it made a goal fact true; Sokoban's ``score`` is the share of
-  boxes on targets.
+  ALFWorld reports ``info["goal_progress"]`` (the share of the goal's facts that hold for one
+  choice of objects) and ``info["goal_facts_met"]`` (the share some object meets), so the same
+  judge over both keys scores a round 1 when it made a goal fact true; Sokoban's ``score`` is
+  the share of boxes on targets.
 * :class:`SearchQAJudge`: a rule judge for search-QA: a search round scores 1 when it retrieved
   a passage holding a golden answer (the env's ``info["retrieved_answer"]``); the answer round
   scores its F1 against the golden answers.
@@ -89,24 +90,60 @@ def row_contributions(trajectories: Sequence[_TrajectoryLike], judge: Judge) -> 
 
 
 class ProgressJudge(Judge):
-    """A round scores 1 when it raised ``info[key]`` above every earlier value, else 0.
+    """A round scores 1 when it raised ``info[key]``, else 0.
 
-    The progress before the first round is ``start`` (the Corridor env starts at score 0 and
-    each room passed adds ``1 / length``). A dead end and the ``back`` out of it leave the
-    progress where it was, so neither counts; the round through the right door does.
+    ``since="best"``: raised above every earlier value (the Corridor env starts at score 0 and
+    each room passed adds ``1 / length``; a dead end and the ``back`` out of it leave it where
+    it was, so neither counts, and a value lost and regained never scores twice, so no loop
+    farms the judge). ``since="previous"``: raised above its value just before the round, into
+    a state (``info["state_key"]``) the trajectory had not been in before. ALFWorld needs
+    this: a goal fact is often undone on the way (taking the ladle off the countertop, where
+    the goal wants it, to clean it), and the cleaning round must still count; a take-and-put-
+    back loop returns to a state already seen and scores nothing.
+
+    With several keys a round scores 1 when it raised any of them. The value before the first
+    round is the trajectory's ``start_info[key]`` (the reset info, which
+    :class:`~agentgym.wrappers.group.GroupVectorEnv` records), else ``start``. ALFWorld's judge
+    reads ``("goal_progress", "goal_facts_met")`` with ``since="previous"``.
     """
 
-    def __init__(self, key: str = "score", start: float = 0.0) -> None:
-        self.key, self.start = key, float(start)
+    def __init__(
+        self, key: str | Sequence[str] = "score", start: float = 0.0, since: str = "best"
+    ) -> None:
+        self.keys = (key,) if isinstance(key, str) else tuple(key)
+        if not self.keys:
+            raise ValueError("ProgressJudge needs at least one info key")
+        if since not in ("best", "previous"):
+            raise ValueError(f"since must be 'best' or 'previous', got {since!r}")
+        self.start, self.since = float(start), since
+
+    @property
+    def key(self) -> str:
+        """The first (with one key, the only) info key read."""
+        return self.keys[0]
 
     def score(self, trajectories: Sequence[_TrajectoryLike]) -> list[np.ndarray]:
         out = []
         for traj in trajectories:
-            progress = np.array(
-                [float(s.info.get(self.key, self.start)) for s in traj.steps], dtype=np.float64
-            )
-            best_before = np.maximum.accumulate(np.concatenate([[self.start], progress]))[:-1]
-            out.append((progress > best_before).astype(np.float64))
+            begin = getattr(traj, "start_info", None) or {}
+            raised = np.zeros(len(traj.steps), dtype=bool)
+            for key in self.keys:
+                first = float(begin.get(key, self.start))
+                value = np.array(
+                    [first] + [float(s.info.get(key, first)) for s in traj.steps], np.float64
+                )
+                if self.since == "best":
+                    raised |= value[1:] > np.maximum.accumulate(value)[:-1]
+                else:
+                    raised |= value[1:] > value[:-1]
+            if self.since == "previous" and raised.any():
+                seen = {begin.get("state_key", traj.steps[0].state_key if traj.steps else None)}
+                for t, step in enumerate(traj.steps):
+                    after = step.info.get("state_key")
+                    if after in seen:
+                        raised[t] = False  # back in a state already seen: nothing achieved
+                    seen.add(after)
+            out.append(raised.astype(np.float64))
         return out
 
 
@@ -329,7 +366,7 @@ class LLMJudge(Judge):
 RULE_JUDGES: dict[str, Callable[[], Judge]] = {
     "corridor": lambda: ProgressJudge("score"),
     "sokoban": lambda: ProgressJudge("score"),
-    "alfworld": lambda: ProgressJudge("goal_progress"),
+    "alfworld": lambda: ProgressJudge(("goal_progress", "goal_facts_met"), since="previous"),
     "searchqa": SearchQAJudge,
 }
 """env family -> its rule judge: what the env knows about a round's contribution"""

@@ -131,6 +131,9 @@ class Trajectory:
     """index in ``steps`` of the first step taken after the branch point; None: not a branch"""
     branch_of: tuple[int, int] | None = None
     """``(group_id, traj_id)`` of the trajectory the prefix was copied from; None: not a branch"""
+    start_info: dict[str, Any] | None = None
+    """the info of the state the episode started from (its ``reset``; a branch's is its
+    source's), which ``steps[0]`` acted from: what a judge compares the first round with"""
 
     @property
     def total_return(self) -> float:
@@ -1100,7 +1103,10 @@ class GroupVectorEnv(gym.vector.VectorEnv):
             self._obs[i], self._infos[i] = obs, info
             self._trajs.append(
                 Trajectory(
-                    int(self.group_ids[i]), int(self.traj_ids[i]), str(info.get("task_id", ""))
+                    int(self.group_ids[i]),
+                    int(self.traj_ids[i]),
+                    str(info.get("task_id", "")),
+                    start_info=info,
                 )
             )
         self._reset_needed = None
@@ -1284,12 +1290,17 @@ class GroupVectorEnv(gym.vector.VectorEnv):
         for i, (obs, info) in enumerate(results):
             prefix = prefixes[i] if prefixes is not None else None
             traj = Trajectory(
-                int(self.group_ids[i]), int(self.traj_ids[i]), str(info.get("task_id", ""))
+                int(self.group_ids[i]),
+                int(self.traj_ids[i]),
+                str(info.get("task_id", "")),
+                start_info=None if prefix is not None and prefix.steps else info,
             )
             if prefix is not None:
                 traj.steps = [copy.copy(step) for step in prefix.steps]
                 traj.branch_step = len(prefix.steps)
                 traj.branch_of = (prefix.group_id, prefix.traj_id)
+                if prefix.steps:
+                    traj.start_info = prefix.start_info
             self._set_done(i, traj, snapshots[i].done, info)
             self._obs[i], self._infos[i] = obs, info
             self.step_index[i] = len(traj.steps)
@@ -1360,6 +1371,7 @@ class GroupVectorEnv(gym.vector.VectorEnv):
                 [copy.copy(step) for step in src.steps],
                 branch_step=len(src.steps),
                 branch_of=(src.group_id, src.traj_id),
+                start_info=src.start_info if src.steps else info,
             )
             self._set_done(t, traj, snap.done, info)
             traj.truncation_reason = src.truncation_reason

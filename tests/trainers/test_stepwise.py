@@ -164,7 +164,9 @@ def test_stepwise_rejects_bad_budgets():
 
 def test_rule_judges_cover_the_families_with_ground_truth_and_refuse_webshop():
     assert set(RULE_JUDGES) == {"corridor", "sokoban", "alfworld", "searchqa"}
-    assert rule_judge("alfworld").key == "goal_progress"
+    alfworld = rule_judge("alfworld")
+    assert (alfworld.keys, alfworld.since) == (("goal_progress", "goal_facts_met"), "previous")
+    assert rule_judge("corridor").since == "best"
     with pytest.raises(ValueError, match="LLM judge"):
         rule_judge("webshop")
 
@@ -282,3 +284,91 @@ def test_trainer_runs_each_judge_and_rollout(tmp_path, options):
     history = train(config)
     row = [r for r in history if "rollout/success_rate" in r][-1]
     assert np.isfinite(row["update/loss"]) and row["advantage/std"] > 0
+
+
+def test_alfworld_rule_judge_credits_the_rounds_that_make_goal_facts_true():
+    """Expert episodes of every synthetic task type, played through a GroupVectorEnv: the judge
+    scores 1 exactly where ``goal_progress`` or ``goal_facts_met`` rises above its value before
+    the round (the reset's, via ``Trajectory.start_info``, for the first) into an unseen state,
+    which includes the winning round and the clean/heat/cool round of those task types."""
+    pytest.importorskip("textworld")
+    from agentgym.envs.alfworld import TASK_TYPES
+    from agentgym.envs.alfworld.data import task_type_of
+    from agentgym.wrappers import GroupVectorEnv
+
+    probe = gym.make("AgentGym/ALFWorld-Synthetic-v0").unwrapped
+    first: dict[str, int] = {}
+    for i, tid in enumerate(probe.task_ids):
+        first.setdefault(task_type_of(tid), i)
+    assert set(first) == set(TASK_TYPES.values())
+    judge = rule_judge("alfworld")
+    venv = GroupVectorEnv(
+        "AgentGym/ALFWorld-Synthetic-v0", num_groups=1, group_size=1, env_kwargs={"expert": True}
+    )
+    try:
+        for task_type, task in sorted(first.items()):
+            _, infos = venv.reset(options={"task": task})
+            start = infos[0]
+            while venv.active.any():
+                _, _, _, _, infos = venv.step([infos[0]["expert_action"]])
+            traj = venv.trajectories()[0]
+            assert traj.won and traj.start_info is start
+            scores = judge([traj])[0]
+            keys = ("goal_progress", "goal_facts_met")
+            before, states = start, {start["state_key"]}
+            for t, step in enumerate(traj.steps):
+                rose = any(step.info[k] > before[k] for k in keys)
+                new_state = step.info["state_key"] not in states
+                assert scores[t] == float(rose and new_state), (task_type, t, step.action)
+                before = step.info
+                states.add(step.info["state_key"])
+            assert scores[-1] == 1.0  # the round that won made the last goal fact true
+            for verb in ("clean", "heat", "cool"):
+                if verb in task_type:
+                    assert any(
+                        s.action.startswith(verb) and sc == 1.0
+                        for s, sc in zip(traj.steps, scores, strict=True)
+                    ), (task_type, [s.action for s in traj.steps])
+    finally:
+        venv.close()
+
+
+def test_progress_judge_starts_from_the_reset_info():
+    """A round that leaves a non-zero starting value unchanged scores 0 (it would score 1
+    against a default start of 0), and several keys score a round that raised any of them."""
+    env = gym.make("AgentGym/Corridor-v0", length=3, num_doors=3)
+    traj = play(env, ["red", "blue", "green"], options={"task": 0})
+    first = traj.steps[0].info["score"]
+    traj.start_info = {"score": first}  # as if the episode had started where step 0 ended
+    assert ProgressJudge()([traj])[0][0] == 0.0
+    traj.start_info = None
+    assert ProgressJudge()([traj])[0][0] == float(first > 0)
+    for step in traj.steps:
+        step.info["other"] = 0.0
+    traj.steps[0].info["other"] = 1.0
+    both = ProgressJudge(("other", "score"))([traj])[0]
+    assert both[0] == 1.0
+    np.testing.assert_array_equal(both[1:], ProgressJudge()([traj])[0][1:])
+
+
+def test_progress_judge_since_previous_credits_recoveries_but_not_loops():
+    """``since="previous"`` credits a value regained after a loss in a new state (ALFWorld's
+    clean-after-take); a round back into a state already seen scores 0; ``"best"`` credits
+    only new records."""
+
+    def traj_of(values, keys):
+        steps = [
+            Step("", "a", 0.0, prev, True, {"v": v, "state_key": k})
+            for v, k, prev in zip(values, keys, ["s0", *keys[:-1]], strict=True)
+        ]
+        return Trajectory(0, 0, "t", steps, start_info={"v": 0.5, "state_key": "s0"})
+
+    # lose the fact, regain it in a new state, then the goal
+    t = traj_of([0.0, 0.5, 1.0], ["s1", "s2", "s3"])
+    assert ProgressJudge("v", since="previous")([t])[0].tolist() == [0.0, 1.0, 1.0]
+    assert ProgressJudge("v", since="best")([t])[0].tolist() == [0.0, 0.0, 1.0]
+    # take it out and put it back: the state after the put is the start state again
+    loop = traj_of([0.0, 0.5, 0.0, 0.5], ["s1", "s0", "s1", "s0"])
+    assert ProgressJudge("v", since="previous")([loop])[0].tolist() == [0.0] * 4
+    with pytest.raises(ValueError, match="since"):
+        ProgressJudge("v", since="ever")

@@ -441,8 +441,16 @@ class _GoalProgress:
         negative = np.array([not pos for pos, _, _ in goal_facts], dtype=bool)
         return _RuleProgress(len(goal_facts), atoms, negative)
 
-    def progress(self, world: World) -> float:
-        """The goal's progress in ``world``'s state, in [0, 1] (see the class docstring)."""
+    def progress(self, world: World) -> tuple[float, float]:
+        """``(progress, facts met)`` in ``world``'s state, both in [0, 1].
+
+        ``progress`` is the class docstring's measure (a single choice of objects); ``facts
+        met`` scores each goal-fact position of a rule by whether *some* grounding satisfies
+        it (some X is clean, some X is in a Y), best rule per literal, mean over literals. It
+        rises when a step achieves a goal fact for any candidate object, where ``progress``
+        may stay flat because another candidate already stood at that level (a dirty X that
+        already sat in a Y keeps progress at 1/2 while another X is cleaned).
+        """
         truth: list[bool] = []
         facts = world.facts
         for pred, arg_tuples, is_derived in self.groups:
@@ -452,17 +460,19 @@ class _GoalProgress:
                 s = facts.get(pred)
                 truth.extend([a in s for a in arg_tuples] if s else [False] * len(arg_tuples))
         true = np.array(truth, dtype=bool)
-        total = 0.0
+        total = met = 0.0
         for positive, pred, args, rules in self.terms:
             if rules is None:
-                total += world._literal_true(positive, pred, args)
+                value = float(world._literal_true(positive, pred, args))
+                total += value
+                met += value
                 continue
-            best = 0.0
+            best = best_met = 0.0
             for rule in rules:
                 if not len(rule.atoms):
                     continue  # no grounding satisfies the static literals: never true
                 if not rule.n_fluent:
-                    best = 1.0
+                    best = best_met = 1.0
                     break
                 sat = true[rule.atoms]
                 if rule.negative.any():
@@ -470,9 +480,13 @@ class _GoalProgress:
                 n_true = int(sat.sum(axis=1).max())
                 # n / n is exactly 1.0: a satisfied rule reports 1.0, not 0.999...
                 best = max(best, n_true / rule.n_fluent)
+                best_met = max(best_met, int(sat.any(axis=0).sum()) / rule.n_fluent)
             total += best
+            met += best_met
         # a sum of k exact 1.0s divided by k is exactly 1.0 again
-        return total / len(self.terms) if self.terms else 1.0
+        if not self.terms:
+            return 1.0, 1.0
+        return total / len(self.terms), met / len(self.terms)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -765,7 +779,7 @@ class World:
         self._ops: dict[str, _Op] | None = None
         self._commands: list[str] | None = None
         self._key: bytes | None = None
-        self._progress: float | None = None
+        self._progress: tuple[float, float] | None = None
 
     # -- serialisation ----------------------------------------------------------------------
     def dump(self) -> tuple:
@@ -876,7 +890,15 @@ class World:
         """
         if self._progress is None:
             self._progress = self.game.goal_progress_model.progress(self)
-        return self._progress
+        return self._progress[0]
+
+    def goal_facts_met(self) -> float:
+        """The share of the goal's fact positions that some choice of objects meets, in [0, 1]
+        (``isclean(o)`` counts once any X is clean): at least :meth:`goal_progress`, rising
+        whenever a step achieves a goal fact for any candidate object. Computed with it."""
+        if self._progress is None:
+            self._progress = self.game.goal_progress_model.progress(self)
+        return self._progress[1]
 
     # -- actions ------------------------------------------------------------------------------
     def operators(self) -> dict[str, _Op]:

@@ -77,16 +77,20 @@ class ALFWorldEnv(TextEnv):
     game by id, where ``task_id`` is ``<split>/<task folder>/<trial>``.
 
     Info keys beyond the contract: ``goal`` (the task sentence, e.g. ``"put a clean cloth in
-    countertop."``), ``task_type``, ``gamefile``, ``synthetic``, ``goal_progress`` and
-    ``expert_action`` when ``expert=True``.
+    countertop."``), ``task_type``, ``gamefile``, ``synthetic``, ``goal_progress``,
+    ``goal_facts_met`` and ``expert_action`` when ``expert=True``.
 
     ``goal_progress`` (float in [0, 1], exactly 1.0 iff won) is the fraction of the PDDL goal's
     facts that hold for the best choice of objects: "clean some cloth and put it in cabinet"
     is at 1/2 once a cloth is clean (or once a cloth is in a cabinet) and 1.0 when one clean
     cloth is in a cabinet; "find two X and put them in Y" is at 1/2 with one X in a Y. Type
     conditions count as given, so progress can start above 0 (a look-at task's lamp already
-    stands on its table) and can drop (taking the one X out of a Y). It is the ground truth
-    of the rule judge ``ProgressJudge(key="goal_progress")``; see ``World.goal_progress``.
+    stands on its table) and can drop (taking the one X out of a Y). ``goal_facts_met``
+    (float in [0, 1], at least ``goal_progress``) scores each goal fact by whether *any*
+    object meets it, so it rises when some X is cleaned even where a dirty X already in a Y
+    holds ``goal_progress`` at 1/2. Together they are the ground truth of ALFWorld's rule judge
+    (``agentgym.algorithms.judges.rule_judge("alfworld")``: a round scores 1 when it raised
+    either); see ``World.goal_progress`` and ``World.goal_facts_met``.
 
     ``action_valid`` is whether the command (stripped, as TextWorld strips it) is admissible;
     only then does the world change.
@@ -309,6 +313,7 @@ class ALFWorldEnv(TextEnv):
             "gamefile": game.path,
             "synthetic": self.synthetic,
             "goal_progress": world.goal_progress(),
+            "goal_facts_met": world.goal_facts_met(),
         }
         if self.expert:
             info["expert_action"] = self.expert_action()
