@@ -309,12 +309,15 @@ def plot_curves(summary: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for m, s in summary["methods"].items():
         c = tuple(v / 255 for v in COLORS.get(m, (0, 0, 0)))
-        ax.plot(s["iterations"], s["median"], label=m.upper().replace("_", "-"), color=c)
+        label = m.upper().replace("_", "-")
+        if "mean_actions_per_iteration" in s:
+            label += f" ({s['mean_actions_per_iteration']:.0f} actions/it)"
+        ax.plot(s["iterations"], s["median"], label=label, color=c)
         ax.fill_between(s["iterations"], s["min"], s["max"], color=c, alpha=0.15)
-    ax.set_xlabel("iteration (equal episodes per iteration)")
+    ax.set_xlabel("iteration (one action per env per round; actions per iteration in legend)")
     ax.set_ylabel("held-out success rate")
     ax.set_ylim(0, 1)
-    ax.set_title("Corridor, equal samples: median and min-max over seeds", fontsize=10)
+    ax.set_title("Corridor, same envs per iteration: median and min-max over seeds", fontsize=10)
     ax.legend()
     fig.tight_layout()
     tmp = path.with_suffix(".tmp.png")
