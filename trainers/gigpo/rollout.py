@@ -117,20 +117,38 @@ def collect(
     obs, _ = venv.reset(seed=seed, options=options)
     timings["env"] += time.perf_counter() - t0
     gens: list[list[Generation]] = [[] for _ in range(venv.num_envs)]
+    kwargs = {} if temperature is None else {"temperature": temperature}
     while venv.active.any():
         live = np.flatnonzero(venv.active)
-        t0 = time.perf_counter()
-        kwargs = {} if temperature is None else {"temperature": temperature}
-        out = policy.generate([obs[i] for i in live], **kwargs)
-        timings["generate"] += time.perf_counter() - t0
-        actions = [""] * venv.num_envs
+        obs, out = _play_round(venv, policy, obs, live, kwargs, timings)
         for i, g in zip(live, out, strict=True):
-            actions[i] = g.text
             gens[i].append(g)
-        t0 = time.perf_counter()
-        obs, _, _, _, _ = venv.step(actions)
-        timings["env"] += time.perf_counter() - t0
     return rows_from(venv.trajectories(), gens, timings)
+
+
+def _play_round(
+    venv: GroupVectorEnv,
+    policy: Policy,
+    obs: Sequence[str],
+    live: np.ndarray,
+    kwargs: dict[str, Any],
+    timings: dict[str, float],
+) -> tuple[list[str], list[Generation]]:
+    """One round: generate an action for every env in ``live`` (one batch), step the venv.
+
+    Returns the new observations of every env and the generations, in ``live`` order; adds the
+    time spent to ``timings["generate"]`` and ``timings["env"]``.
+    """
+    t0 = time.perf_counter()
+    out = policy.generate([obs[i] for i in live], **kwargs)
+    timings["generate"] += time.perf_counter() - t0
+    actions = [""] * venv.num_envs
+    for i, gen in zip(live, out, strict=True):
+        actions[i] = gen.text
+    t0 = time.perf_counter()
+    new_obs, _, _, _, _ = venv.step(actions)
+    timings["env"] += time.perf_counter() - t0
+    return list(new_obs), out
 
 
 def rows_from(
@@ -229,17 +247,9 @@ def collect_tree(
         if not live.size:
             round_index += 1
             continue
-        t0 = time.perf_counter()
-        out = policy.generate([obs[i] for i in live], **kwargs)
-        timings["generate"] += time.perf_counter() - t0
-        actions = [""] * venv.num_envs
+        obs, out = _play_round(venv, policy, obs, live, kwargs, timings)
         for i, gen in zip(live, out, strict=True):
-            actions[i] = gen.text
             gens[i].append(gen)
-        t0 = time.perf_counter()
-        obs, _, _, _, _ = venv.step(actions)
-        obs = list(obs)
-        timings["env"] += time.perf_counter() - t0
         round_index += 1
     return tree_rows(venv.trajectories(), gens, timings)
 
@@ -295,17 +305,8 @@ def collect_stepwise(
     round_index = 0
     while venv.active.any():
         live = np.flatnonzero(venv.active)
-        t0 = time.perf_counter()
-        out = policy.generate([obs[i] for i in live], **kwargs)
-        timings["generate"] += time.perf_counter() - t0
-        actions = [""] * venv.num_envs
-        for i, gen in zip(live, out, strict=True):
-            actions[i] = gen.text
-        t0 = time.perf_counter()
-        obs, _, _, _, _ = venv.step(actions)
-        obs = list(obs)
+        obs, out = _play_round(venv, policy, obs, live, kwargs, timings)
         trajs = venv.trajectories()
-        timings["env"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         judged = judge.score_last([trajs[i] for i in live])
         timings["judge"] += time.perf_counter() - t0
