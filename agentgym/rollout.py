@@ -32,16 +32,16 @@ Policy = Callable[[list[str], list[dict[str, Any]], np.random.Generator], list[s
 def random_policy(
     obs: list[str], infos: list[dict[str, Any]], rng: np.random.Generator
 ) -> list[str]:
-    """Uniform over each env's ``admissible_actions``.
+    """Uniform over each env's ``info["suggested_actions"]``, else its ``admissible_actions``.
 
-    Families whose actions are free text (SearchQA) list none; they offer
-    ``info["suggested_actions"]`` (searches for the question's entities, answers from the titles
-    retrieved so far), which the random policy draws from instead. Envs with neither get
-    ``"look"``.
+    Families with free-text actions suggest concrete ones: SearchQA lists no admissible actions
+    and suggests searches for the question's entities and answers from the titles retrieved so
+    far; WebShop's admissible list holds the placeholder ``search[<your query>]`` and its
+    suggestions replace it with searches from the instruction. Envs with neither get ``"look"``.
     """
     actions = []
     for info in infos:
-        choices = info.get("admissible_actions") or info.get("suggested_actions") or ["look"]
+        choices = info.get("suggested_actions") or info.get("admissible_actions") or ["look"]
         actions.append(choices[int(rng.integers(len(choices)))])
     return actions
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Hashable
 from typing import Any, ClassVar, Literal, NamedTuple
 
@@ -404,9 +405,22 @@ class WebShopEnv(TextEnv):
             # WebShop's own get_available_actions(), for prompts written against it
             "available_actions": {"has_search_bar": has_search_bar, "clickables": clickables},
         }
+        # The placeholder stays in admissible_actions (verl-agent's list, which prompts quote);
+        # random rollouts draw from concrete searches built from the instruction instead.
+        info["suggested_actions"] = [
+            a for c in admissible for a in (self._searches() if c == SEARCH_ACTION else [c])
+        ]
         if self._reward_info is not None:
             info["reward_info"] = dict(self._reward_info)
         return info
+
+    def _searches(self) -> list[str]:
+        """Searches a random rollout can type: the goal's instruction (what it reads on the
+        page) and its first clause (the product words before ``with``/``,``)."""
+        instruction = self._goal["instruction_text"].lower()
+        head = re.split(r",| with | and price ", instruction, maxsplit=1)[0].strip()
+        head = re.sub(r"^(i (would like|want|need|am looking for)|find me|get me)\s+", "", head)
+        return list(dict.fromkeys(f"search[{q}]" for q in (head, instruction) if q))
 
     # -- dynamics (web_agent_text_env.step + SimServer.receive) ----------------------------------
     def _invalid(self, action: str, why: str) -> tuple[str, float, bool, dict[str, Any]]:
