@@ -219,6 +219,31 @@ def test_first_observation_and_info(env):
     assert info["goal"] is not env.catalogue.goals[_goal_index(info)]  # a copy per info
 
 
+def test_suggested_actions_are_concrete_and_valid_on_every_page(env):
+    """Suggestions replace the search placeholder with the instruction's product words and the
+    whole instruction (both valid searches) and keep every other admissible action."""
+    rng = np.random.default_rng(0)
+    obs, info = env.reset(seed=7)
+    head, whole = info["suggested_actions"][:2]
+    assert whole == f"search[{info['goal']['instruction_text'].lower()}]"
+    assert head.startswith("search[") and 0 < len(head) < len(whole)
+    assert head[7:-1] in info["goal"]["instruction_text"].lower()
+    for _ in range(40):
+        suggested = info["suggested_actions"]
+        assert SEARCH_ACTION not in suggested
+        assert [a for a in info["admissible_actions"] if a != SEARCH_ACTION] == [
+            a for a in suggested if not a.startswith("search[")
+        ]
+        snap = env.snapshot()
+        for action in suggested:
+            env.restore(snap)
+            assert env.step(action)[4]["action_valid"], action
+        env.restore(snap)
+        obs, _, term, trunc, info = env.step(suggested[int(rng.integers(len(suggested)))])
+        if term or trunc:
+            obs, info = env.reset()
+
+
 def test_every_transition(env):
     obs, info = env.reset(options={"task": 1600})
     goal = info["goal"]
