@@ -326,33 +326,19 @@ def plot_curves(summary: dict, path: Path) -> None:
 
 
 def run_curves(args: argparse.Namespace) -> dict:
-    import multiprocessing
     import tempfile
+
+    from bench_gigpo_vs_grpo import curve_summary, run_all
 
     t0 = time.perf_counter()
     jobs = [(m, seed) for seed in args.seeds for m in args.methods]
     with tempfile.TemporaryDirectory() as tmp:
-        if args.jobs > 1:
-            with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-                pending = [pool.apply_async(train_run, (m, s, args, tmp)) for m, s in jobs]
-                runs = [p.get() for p in tqdm(pending, desc="training runs")]
-        else:
-            runs = [train_run(m, s, args, tmp) for m, s in tqdm(jobs, desc="training runs")]
+        runs = run_all(train_run, jobs, args.jobs, args, tmp)
     summary: dict = {"methods": {}}
     for method in args.methods:
         mine = [r for r in runs if r["method"] == method]
-        columns = list(zip(*(r["eval_success"] for r in mine), strict=True))
         summary["methods"][method] = {
-            "iterations": mine[0]["eval_iterations"],
-            "samples": mine[0]["eval_samples"],
-            "median": [statistics.median(c) for c in columns],
-            "min": [min(c) for c in columns],
-            "max": [max(c) for c in columns],
-            "final_median": statistics.median(r["eval_success"][-1] for r in mine),
-            "final_per_seed": [r["eval_success"][-1] for r in mine],
-            "auc_median": statistics.median(
-                sum(r["eval_success"]) / len(r["eval_success"]) for r in mine
-            ),
+            **curve_summary(mine),
             "median_seconds": statistics.median(r["seconds"] for r in mine),
             "mean_actions_per_iteration": float(
                 np.mean([a for r in mine for a in r["actions_per_iteration"]])

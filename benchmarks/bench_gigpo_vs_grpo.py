@@ -24,9 +24,11 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from trainers.gigpo.config import Config
 from trainers.gigpo.train import train
@@ -65,6 +67,35 @@ def run(method: str, seed: int, args: argparse.Namespace, out: Path) -> dict:
         "rollout_success": [r["rollout/success_rate"] for r in rollouts],
         "seconds": time.perf_counter() - t0,
         "config": config.to_dict(),
+    }
+
+
+def run_all(fn: Callable[..., dict], jobs: list[tuple[str, int]], n_jobs: int, *args) -> list:
+    """``fn(method, seed, *args)`` for every job, in ``n_jobs`` spawned processes when > 1
+    (each run's torch then uses one thread), with a progress bar; results in job order."""
+    if n_jobs > 1:
+        with multiprocessing.get_context("spawn").Pool(n_jobs) as pool:
+            pending = [pool.apply_async(fn, (m, s, *args)) for m, s in jobs]
+            return [p.get() for p in tqdm(pending, desc="training runs")]
+    return [fn(m, s, *args) for m, s in tqdm(jobs, desc="training runs")]
+
+
+def curve_summary(runs: list[dict]) -> dict:
+    """One method's learning curve over its seeds' runs (each with ``eval_iterations``,
+    ``eval_samples`` and ``eval_success``): the median and min-max per evaluation point, the
+    final success (median and per seed) and the median area under the curve."""
+    columns = list(zip(*(r["eval_success"] for r in runs), strict=True))
+    return {
+        "iterations": runs[0]["eval_iterations"],
+        "samples": runs[0]["eval_samples"],
+        "median": [statistics.median(c) for c in columns],
+        "min": [min(c) for c in columns],
+        "max": [max(c) for c in columns],
+        "final_median": statistics.median(r["eval_success"][-1] for r in runs),
+        "final_per_seed": [r["eval_success"][-1] for r in runs],
+        "auc_median": statistics.median(
+            sum(r["eval_success"]) / len(r["eval_success"]) for r in runs
+        ),
     }
 
 
@@ -149,35 +180,17 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     args = parser.parse_args()
 
-    runs = []
     t0 = time.perf_counter()
     jobs = [(m, seed) for seed in args.seeds for m in args.methods]
     with tempfile.TemporaryDirectory() as tmp:
-        if args.jobs > 1:
-            ctx = multiprocessing.get_context("spawn")
-            with ctx.Pool(args.jobs) as pool:
-                pending = [pool.apply_async(run, (m, s, args, Path(tmp))) for m, s in jobs]
-                results = [p.get() for p in pending]
-        else:
-            results = [run(m, s, args, Path(tmp)) for m, s in jobs]
-    runs.extend(results)
+        runs = run_all(run, jobs, args.jobs, args, Path(tmp))
     summary: dict = {"methods": {}}
     for method in args.methods:
         mine = [r for r in runs if r["method"] == method]
-        columns = list(zip(*(r["eval_success"] for r in mine), strict=True))
         summary["methods"][method] = {
-            "iterations": mine[0]["eval_iterations"],
-            "samples": mine[0]["eval_samples"],
-            "median": [statistics.median(c) for c in columns],
-            "min": [min(c) for c in columns],
-            "max": [max(c) for c in columns],
-            "final_median": statistics.median(r["eval_success"][-1] for r in mine),
-            "final_per_seed": [r["eval_success"][-1] for r in mine],
+            **curve_summary(mine),
             "iteration_reaching_0.9_per_seed": [reach(r, 0.9) for r in mine],
             "seeds_reaching_0.9": sum(reach(r, 0.9) is not None for r in mine),
-            "auc_median": statistics.median(
-                sum(r["eval_success"]) / len(r["eval_success"]) for r in mine
-            ),
         }
     if {"gigpo", "grpo"} <= set(summary["methods"]):
         g, r = summary["methods"]["gigpo"], summary["methods"]["grpo"]
