@@ -59,13 +59,15 @@ def play(env, actions, **reset_kwargs) -> Trajectory:
 # --- stepwise rollout ------------------------------------------------------------------------
 
 
-def _stepwise(group_size=4, num_groups=3, seed=7, judge=None, **kwargs):
+def _stepwise(group_size=4, num_groups=3, seed=7, judge=None, backend="inprocess", **kwargs):
     venv = make_group_env(
         "AgentGym/Corridor-v0",
         num_groups=num_groups,
         group_size=group_size,
         fmt="plain",  # the policy's words are the actions, as the trainer's corridor preset
         template="compact",
+        backend=backend,
+        num_workers=2 if backend == "process" else None,
     )
     try:
         return collect_stepwise(
@@ -150,6 +152,17 @@ def test_stepwise_selection_follows_the_softmax_of_advantages():
     np.testing.assert_allclose(greedy, 0.0, atol=1e-5)
     hot = chosen_vs_best(_stepwise(seed=11, selection_temperature=100.0, num_groups=4))
     assert (hot > 0.5).any()
+
+
+def test_stepwise_rollout_is_the_same_over_worker_processes():
+    """Branching ships snapshots between workers: the rows equal the in-process rollout's."""
+    here, there = _stepwise(seed=5), _stepwise(seed=5, backend="process")
+    np.testing.assert_array_equal(here.rewards, there.rewards)
+    np.testing.assert_array_equal(here.branch_ids, there.branch_ids)
+    assert here.state_keys == there.state_keys
+    assert [[s.action for s in t.steps] for t in here.trajectories] == [
+        [s.action for s in t.steps] for t in there.trajectories
+    ]
 
 
 def test_stepwise_rejects_bad_budgets():
