@@ -25,21 +25,8 @@ from agentgym.wrappers.group import Step
 from trainers.gigpo.config import Config, ConfigError
 from trainers.gigpo.rollout import collect_stepwise, make_group_env
 
-
-class DoorPolicy:
-    """A seeded random corridor player with the trainer's Policy.generate signature."""
-
-    def __init__(self, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
-
-    def generate(self, prompts, **kwargs):
-        from trainers.gigpo.policy import Generation
-
-        words = ["red", "blue", "green", "back"]
-        return [
-            Generation(w, [1, 2], [3], [-0.5])
-            for w in (words[int(self.rng.integers(len(words)))] for _ in prompts)
-        ]
+# the seeded random corridor player of the tree-rollout tests (pytest puts this folder on the path)
+from test_estimators import DoorPolicy  # noqa: E402  isort: skip
 
 
 def play(env, actions, **reset_kwargs) -> Trajectory:
