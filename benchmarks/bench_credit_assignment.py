@@ -227,7 +227,10 @@ def run_variance(args: argparse.Namespace) -> dict:
         "summary": summary,
         "runs": runs,
         "total_seconds": time.perf_counter() - t0,
-        "machine": {"python": platform.python_version(), "note": "shared machine; noisy"},
+        "machine": {
+            "python": platform.python_version(),
+            "note": "timings depend on the machine and its load",
+        },
     }
 
 
@@ -365,7 +368,10 @@ def run_curves(args: argparse.Namespace) -> dict:
         "summary": summary,
         "runs": runs,
         "total_seconds": time.perf_counter() - t0,
-        "machine": {"python": platform.python_version(), "note": "shared machine; noisy"},
+        "machine": {
+            "python": platform.python_version(),
+            "note": "timings depend on the machine and its load",
+        },
     }
 
 

@@ -209,7 +209,7 @@ def main() -> None:
         "seeds": args.seeds,
         "total_seconds": time.perf_counter() - t0,
         "machine": {"python": platform.python_version(), "torch": torch.__version__,
-                    "cpus": torch.get_num_threads(), "note": "shared 2-core machine; timings are noisy"},
+                    "cpus": torch.get_num_threads(), "note": "timings depend on the machine and its load"},
         "summary": summary,
         "runs": runs,
     }  # fmt: skip

@@ -297,7 +297,7 @@ def test_one_iteration_qwen2_5_1_5b_sized_on_gpu(tmp_path):
 
 def test_gpu_iteration_benchmark_runs_on_cpu_with_a_small_model(tmp_path):
     """The GPU benchmark's own code path, end to end on CPU with a 2-layer model of the real
-    vocabulary size, so a session lent a GPU runs it first time."""
+    vocabulary size, so its first run on a GPU does not find a bug the CPU run could have."""
     result = run_benchmark(
         "bench_gpu_iteration.py", "--device", "cpu", "--layers", "2", "--hidden", "64",
         "--max-new-tokens", "3", "--num-groups", "2", "--group-size", "2", "--max-steps", "2",
