@@ -263,44 +263,10 @@ METHODS = {
 
 
 def train_run(method: str, seed: int, args: argparse.Namespace, out: str) -> dict:
-    import torch
+    """One learning-curve run of ``method`` (a key of :data:`METHODS`)."""
+    from bench_gigpo_vs_grpo import run
 
-    from trainers.gigpo.config import Config
-    from trainers.gigpo.train import train
-
-    if args.jobs > 1:
-        torch.set_num_threads(1)  # the jobs share the cores
-    extra = METHODS[method](args)
-    config = Config.for_env(
-        "AgentGym/Corridor-v0",
-        seed=seed,
-        iterations=args.iterations,
-        eval_every=args.eval_every,
-        out_dir=f"{out}/{method}-{seed}",
-        progress=False,
-        tensorboard=False,
-        save_final=False,
-        quiet=True,
-        plot=False,
-        **extra,
-    )
-    t0 = time.perf_counter()
-    history = train(config)
-    evals = [r for r in history if "eval/success_rate" in r]
-    rows = [r for r in history if "rollout/success_rate" in r]
-    print(f"{method:8s} seed {seed}: eval {[round(r['eval/success_rate'], 2) for r in evals]}",
-          flush=True)  # fmt: skip
-    return {
-        "method": method,
-        "seed": seed,
-        "eval_iterations": [r["iteration"] for r in evals],
-        "eval_samples": [r["samples"] for r in evals],
-        "eval_success": [r["eval/success_rate"] for r in evals],
-        "rollout_success": [r["rollout/success_rate"] for r in rows],
-        "actions_per_iteration": [r["rollout/actions"] for r in rows],
-        "seconds": time.perf_counter() - t0,
-        "config": config.to_dict(),
-    }
+    return run(method, seed, args, Path(out), **METHODS[method](args))
 
 
 def plot_curves(summary: dict, path: Path) -> None:

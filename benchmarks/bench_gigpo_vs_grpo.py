@@ -36,12 +36,13 @@ from trainers.gigpo.train import train
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def run(method: str, seed: int, args: argparse.Namespace, out: Path) -> dict:
+def run(method: str, seed: int, args: argparse.Namespace, out: Path, **options: object) -> dict:
+    """One training run of ``method`` (the advantage estimator unless ``options`` set the
+    trainer's options) on the corridor; its evaluation curve and per-iteration rollout stats."""
     if args.jobs > 1:
         torch.set_num_threads(1)  # the jobs share the cores
     config = Config.for_env(
         "AgentGym/Corridor-v0",
-        advantage=method,
         seed=seed,
         iterations=args.iterations,
         eval_every=args.eval_every,
@@ -51,6 +52,7 @@ def run(method: str, seed: int, args: argparse.Namespace, out: Path) -> dict:
         save_final=False,
         quiet=True,
         plot=False,
+        **({"advantage": method} | options),
     )
     t0 = time.perf_counter()
     history = train(config)
@@ -65,6 +67,7 @@ def run(method: str, seed: int, args: argparse.Namespace, out: Path) -> dict:
         "eval_samples": [r["samples"] for r in evals],
         "eval_success": [r["eval/success_rate"] for r in evals],
         "rollout_success": [r["rollout/success_rate"] for r in rollouts],
+        "actions_per_iteration": [r["rollout/actions"] for r in rollouts],
         "seconds": time.perf_counter() - t0,
         "config": config.to_dict(),
     }
