@@ -281,6 +281,9 @@ class TextEnv(gym.Env[str, str]):
     #: family name shown by ``agentgym list`` ("sokoban", "alfworld", ...)
     family: ClassVar[str] = "text"
 
+    #: how actions are written, in one line for a person (``agentgym play`` shows it at start)
+    action_syntax: ClassVar[str] = "an action is text"
+
     #: the ``reset(options=...)`` keys this env understands; any other key is a
     #: :class:`ResetOptionError` (a typo such as ``{"spilt": "test"}`` must not pass silently)
     reset_option_keys: ClassVar[frozenset[str]] = frozenset({"task", "split"})

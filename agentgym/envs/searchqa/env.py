@@ -264,6 +264,9 @@ class SearchQAEnv(TextEnv):
     """
 
     family: ClassVar[str] = "searchqa"
+    action_syntax: ClassVar[str] = (
+        "search[<query>] to retrieve passages, answer[<answer>] to give the final answer"
+    )
 
     def __init__(
         self,

@@ -152,6 +152,9 @@ class WebShopEnv(TextEnv):
     """
 
     family: ClassVar[str] = "webshop"
+    action_syntax: ClassVar[str] = (
+        "search[<query>] on the search page, click[<button, product id or option>] elsewhere"
+    )
 
     def __init__(
         self,
