@@ -18,8 +18,12 @@ DISTRIBUTION = "agentgym-envs"
 
 
 def install_hint(extra: str) -> str:
-    """The command that installs an optional extra, e.g. ``pip install "agentgym-envs[alfworld]"``."""
-    return f'pip install "{DISTRIBUTION}[{extra}]" (in a clone: pip install -e ".[{extra}]")'
+    """The command that installs an optional extra: what works today first (an editable
+    install in a clone; the distribution is not on the package index yet), then the index's."""
+    return (
+        f'pip install -e ".[{extra}]" in a clone of agentgym '
+        f'(once published: pip install "{DISTRIBUTION}[{extra}]")'
+    )
 
 
 class MissingExtra(ImportError):
