@@ -132,3 +132,12 @@ def test_path_like_options_are_refused_without_revealing_paths(env_id, key, make
     # the refusals changed nothing
     obs, info = env.reset(seed=0)
     assert info["task_id"]
+
+
+def test_unknown_option_names_are_shown_short_and_printable():
+    env = gym.make("AgentGym/Corridor-v0")
+    with pytest.raises(ResetOptionError) as info:
+        env.reset(options={"x" * 100_000: 1, "\x00\x1b[2J": 2})
+    message = str(info.value)
+    assert len(message) < 300 and "\x00" not in message and "\x1b" not in message
+    assert "it accepts split, task" in message
