@@ -251,6 +251,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     reported: set[str] = set()  # failures already printed as they happened
     for env_id in ids:
         if args.split:
+            # building the env may load data for seconds: say so before the wait
+            print(f"loading {env_id} ...", file=sys.stderr, flush=True)
             problem = _split_problem(env_id, args.split, args.seed)
             if problem:  # one line now, not one per env of the rollout
                 print(f"agentgym: {env_id}: {problem}", file=sys.stderr, flush=True)
