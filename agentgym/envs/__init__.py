@@ -49,7 +49,7 @@ class EnvEntry:
     real_data: bool = False
     """True where the id plays real benchmark data that may be absent on this machine"""
     extra: str | None = None
-    """the optional extra (``pip install "agentgym-envs[EXTRA]"``) that installs ``needs``"""
+    """the optional extra (``pip install -e ".[EXTRA]"`` in a clone) that installs ``needs``"""
 
     def missing(self) -> list[str]:
         """The modules of ``needs`` that are not importable here."""
