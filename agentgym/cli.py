@@ -1,4 +1,4 @@
-"""The ``agentgym`` command: list, play, rollout, bench.
+"""The ``agentgym`` command: list, play, rollout, bench, retrieval, serve.
 
 agentgym list                       ids, family, whether their packages and data are here
 agentgym play AgentGym/Sokoban-v0   play in the terminal
@@ -107,12 +107,26 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-_PLAY_HELP = """commands (they cost no step):
-  help, ?          this help
-  :legend          what the symbols mean
-  :reset           a new episode
-  :quit, quit, :q  leave
-an action is its text, or its number in the action list"""
+def _play_help(has_legend: bool) -> str:
+    """The meta commands of ``agentgym play``: all start with ':' (or are '?'), so that no
+    family's own action (ALFWorld's ``help``) is taken for one."""
+    lines = ["commands (they cost no step):", "  :help, ?         this help"]
+    if has_legend:
+        lines.append("  :legend          what the symbols mean")
+    lines += [
+        "  :reset           a new episode",
+        "  :quit, :q        leave (or end of input)",
+        "anything else is an action: its text, or its number in the list shown",
+    ]
+    return "\n".join(lines)
+
+
+def _listed_actions(info: dict[str, Any]) -> tuple[str, list[str]]:
+    """The numbered list ``play`` shows: the admissible actions, else the family's suggestions
+    (free-text families such as SearchQA list none)."""
+    if info.get("admissible_actions"):
+        return "actions", list(info["admissible_actions"])
+    return "suggested", list(info.get("suggested_actions") or [])
 
 
 def cmd_play(args: argparse.Namespace) -> int:
@@ -121,6 +135,8 @@ def cmd_play(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     env_id = _resolve(args.env_id)
+    # some ids load data or build indexes for seconds: say so before the wait
+    print(f"loading {env_id} ...", file=sys.stderr, flush=True)
     env = _make_env(env_id)
     options = {"split": args.split} if args.split else None
     try:
@@ -128,42 +144,59 @@ def cmd_play(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ImportError, ValueError) as exc:
         sys.exit(f"agentgym: {env_id}: {exc}")
     legend = getattr(env.unwrapped, "legend", None)
-    total, done = 0.0, False
-    print(f"{env_id}  task {info['task_id']}  (an action, its number, or 'help')")
+    syntax = getattr(env.unwrapped, "action_syntax", "")
+    total, done, show = 0.0, False, True
+    print(f"{env_id}  task {info['task_id']}")
+    if syntax:
+        print(f"actions: {syntax}")
     if legend:
         print(f"legend: {legend}")
+    print("type an action or its number in the list; ':help' for commands (they cost no step)")
     print()
     while True:
-        if not done:
+        kind, choices = _listed_actions(info)
+        if show and not done:  # after a step or a reset, not after a meta command
+            show = False
             print(obs)
-            choices = info.get("admissible_actions") or []
             if choices:
-                print("\nactions: " + "  ".join(f"[{i}] {a}" for i, a in enumerate(choices)))
+                print(f"\n{kind}: " + "  ".join(f"[{i}] {a}" for i, a in enumerate(choices)))
         try:
             text = input("> ").strip()
         except (EOFError, KeyboardInterrupt):
             print()
             break
-        if text in (":q", ":quit", "quit"):
+        if text in (":q", ":quit"):
             break
-        if text in ("help", "?", ":help"):
-            print(_PLAY_HELP)
+        if text in (":help", "?"):
+            print(_play_help(bool(legend)))
             continue
-        if text == ":legend":
-            print(f"legend: {legend}" if legend else "this env has no symbols to explain")
+        if text == ":legend" and legend:
+            print(f"legend: {legend}")
             continue
         if text == ":reset":
             obs, info = env.reset(options=options)
-            total, done = 0.0, False
+            total, done, show = 0.0, False, True
             print(f"\ntask {info['task_id']}\n")
+            continue
+        if text.startswith(":"):
+            print(f"no command {text!r}: ':help' lists them (they start with ':')")
             continue
         if done:
             print("The episode is over: ':reset' for a new one, ':quit' to leave.")
             continue
-        choices = info.get("admissible_actions") or []
-        if text.isdigit() and int(text) < len(choices):
+        if (
+            text.isascii() and text.isdigit() and text not in choices
+        ):  # a number picks from the list, never a step
+            if int(text) >= len(choices):
+                print(
+                    f"no action [{text}]: the list has [0] to [{len(choices) - 1}]"
+                    if choices
+                    else f"no action [{text}]: this env lists no actions; {syntax}"
+                )
+                continue
             text = choices[int(text)]
         obs, reward, terminated, truncated, info = env.step(text)
+        show = True
         total += float(reward)
         print(
             f"\n[reward {reward:+.2f}, return {total:+.2f}{'' if info['action_valid'] else ', invalid action'}]"
@@ -198,12 +231,34 @@ def _rollout_ids(requested: list[str], include_real: bool) -> tuple[list[str], l
     return ids, skipped
 
 
+def _split_problem(env_id: str, split: str, seed: int) -> str | None:
+    """Why ``env_id`` cannot play ``split`` (one line), or None: checked on one env before a
+    rollout builds a whole group of them."""
+    try:
+        env = gym.make(env_id)
+        env.reset(seed=seed, options={"split": split})
+    except (FileNotFoundError, ImportError, ValueError) as exc:  # ResetOptionError is a ValueError
+        return str(exc.args[-1] if exc.args else exc)
+    env.close()
+    return None
+
+
 def cmd_rollout(args: argparse.Namespace) -> int:
     from agentgym.rollout import run_group_rollout
 
     ids, skipped = _rollout_ids(args.env_ids, args.include_real)
     rows, reports, failed = [], [], []
+    reported: set[str] = set()  # failures already printed as they happened
     for env_id in ids:
+        if args.split:
+            # building the env may load data for seconds: say so before the wait
+            print(f"loading {env_id} ...", file=sys.stderr, flush=True)
+            problem = _split_problem(env_id, args.split, args.seed)
+            if problem:  # one line now, not one per env of the rollout
+                print(f"agentgym: {env_id}: {problem}", file=sys.stderr, flush=True)
+                failed.append(f"{env_id}: {problem}")
+                reported.add(failed[-1])
+                continue
         print(
             f"rolling out {env_id}: {args.groups} groups x {args.group_size} ...",
             file=sys.stderr,
@@ -241,7 +296,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         for s in skipped:
             print(f"skipped {s}")
         for s in failed:
-            print(f"FAILED {s}", file=sys.stderr)
+            if s not in reported:
+                print(f"FAILED {s}", file=sys.stderr)
         print(
             "agentgym: no rollout finished: every requested env failed or was skipped (see above)",
             file=sys.stderr,
@@ -271,7 +327,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     for s in skipped:
         print(f"skipped {s}")
     for s in failed:
-        print(f"FAILED {s}", file=sys.stderr)
+        if s not in reported:
+            print(f"FAILED {s}", file=sys.stderr)
     if args.json:
         _write_json(args.json, {"reports": reports, "skipped": skipped, "failed": failed})
     return 1 if failed else 0
@@ -347,9 +404,35 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
+# `agentgym -h`: plain text (the module docstring is reStructuredText for the API docs)
+_DESCRIPTION = """text environments for training LLM agents with reinforcement learning
+
+  agentgym list                        ids, family, whether their packages and data are here
+  agentgym play Sokoban-v0             play an env in the terminal
+  agentgym rollout                     random-policy group rollout over every family
+  agentgym rollout Sokoban-v0 --groups 16 --group-size 8
+  agentgym bench Sokoban-v0 --steps 20000 --json out.json
+  agentgym retrieval index --corpus wiki.jsonl --kind bm25 --out idx   build a search index
+  agentgym retrieval serve --index idx --port 8000                     serve it over HTTP
+  agentgym serve Sokoban-v0 --port 8000                 an env over OpenEnv's protocol
+
+'agentgym COMMAND -h' shows a command's options and their defaults."""
+
+
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, where it has one worth showing (not None, False or [])."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or action.default == []:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="agentgym", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="agentgym",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"agentgym {agentgym.__version__}")
     # not required=True: argparse would then report a missing command before an unknown flag
@@ -359,15 +442,20 @@ def build_parser() -> argparse.ArgumentParser:
         func=cmd_list
     )
 
-    sp = sub.add_parser("play", help="play an env in the terminal")
-    sp.add_argument("env_id")
-    sp.add_argument("--seed", type=int, default=None)
+    sp = sub.add_parser(
+        "play", help="play an env in the terminal", formatter_class=_DefaultsFormatter
+    )
+    sp.add_argument(
+        "env_id", help="an id from 'agentgym list' (the AgentGym/ prefix may be left out)"
+    )
+    sp.add_argument("--seed", type=int, default=None, help="seed of the first task (none: random)")
     sp.add_argument("--split", default=None, help="task split, where the family has them")
     sp.set_defaults(func=cmd_play)
 
     sr = sub.add_parser(
         "rollout",
         help="group rollout with a policy; prints success, return, steps/s and state-group stats",
+        formatter_class=_DefaultsFormatter,
     )
     sr.add_argument(
         "env_ids",
@@ -384,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="random",
         help="random: uniform over admissible actions",
     )
-    sr.add_argument("--seed", type=int, default=0)
+    sr.add_argument("--seed", type=int, default=0, help="seed of the tasks and the policy")
     sr.add_argument(
         "--backend",
         choices=["inprocess", "process", "ray"],
@@ -401,11 +489,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sr.set_defaults(func=cmd_rollout)
 
-    sb = sub.add_parser("bench", help="steps/s of one env with random admissible actions")
-    sb.add_argument("env_id")
+    sb = sub.add_parser(
+        "bench",
+        help="steps/s of one env with random admissible actions",
+        formatter_class=_DefaultsFormatter,
+    )
+    sb.add_argument("env_id", help="an id from 'agentgym list'")
     sb.add_argument("--steps", type=_positive_int, default=20000, help="steps per repeat")
-    sb.add_argument("--repeats", type=_positive_int, default=5)
-    sb.add_argument("--seed", type=int, default=0)
+    sb.add_argument("--repeats", type=_positive_int, default=5, help="runs; the median is reported")
+    sb.add_argument("--seed", type=int, default=0, help="seed of the first reset and the actions")
     sb.add_argument(
         "--json", type=_writable_file, default=None, help="write the figures to this file"
     )

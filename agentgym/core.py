@@ -281,6 +281,9 @@ class TextEnv(gym.Env[str, str]):
     #: family name shown by ``agentgym list`` ("sokoban", "alfworld", ...)
     family: ClassVar[str] = "text"
 
+    #: how actions are written, in one line for a person (``agentgym play`` shows it at start)
+    action_syntax: ClassVar[str] = "an action is text"
+
     #: the ``reset(options=...)`` keys this env understands; any other key is a
     #: :class:`ResetOptionError` (a typo such as ``{"spilt": "test"}`` must not pass silently)
     reset_option_keys: ClassVar[frozenset[str]] = frozenset({"task", "split"})
@@ -500,7 +503,10 @@ class TextEnv(gym.Env[str, str]):
             raise ResetOptionError(
                 f"reset options must be a dict such as {{'task': 3}}, got {describe_action(options)}"
             )
-        unknown = sorted(map(str, options.keys() - self.reset_option_keys))
+        # option names may come from a remote client: shown short and printable
+        unknown = sorted(
+            describe_action(str(k), limit=40) for k in options.keys() - self.reset_option_keys
+        )
         if unknown:
             raise ResetOptionError(
                 f"{type(self).__name__} has no reset option {', '.join(unknown)}; "

@@ -14,7 +14,8 @@ env's canonical state is), which is what step-level credit assignment groups on.
     agentgym serve AgentGym/Sokoban-v0 --port 8000 &       # or against a running server:
     python examples/openenv_client.py --url http://127.0.0.1:8000
 
-Needs openenv-core: pip install "agentgym-envs[openenv]".
+Needs openenv-core: pip install -e ".[openenv]" in a clone of agentgym (not on the package index
+yet).
 """
 
 from __future__ import annotations

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -141,7 +144,7 @@ def test_missing_data_is_one_line_not_a_traceback(tmp_path):
 
 
 def test_play_meta_commands_cost_no_step_and_final_board_prints_once():
-    out = agentgym_cmd("play", "Sokoban-v0", "--seed", "0", stdin="help\n:legend\n?\nup\n:quit\n")
+    out = agentgym_cmd("play", "Sokoban-v0", "--seed", "0", stdin=":help\n:legend\n?\nup\n:quit\n")
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("[reward") == 1  # only 'up' was a step
     assert "cost no step" in out.stdout
@@ -185,3 +188,90 @@ def test_rollout_of_a_free_text_family_draws_from_suggested_actions(tmp_path):
     (report,) = json.loads(path.read_text())["reports"]
     assert report["invalid_fraction"] == 0.0
     assert report["mean_length"] < 4  # answers end episodes before the 4-turn cap
+
+
+def test_play_shows_the_action_syntax_and_spends_no_step_on_a_bad_number():
+    pytest.importorskip("bm25s")
+    out = agentgym_cmd(
+        "play", "SearchQA-Synthetic-v0", "--seed", "0", stdin="7\n:legend\n:help\n:quit\n"
+    )
+    assert out.returncode == 0, out.stderr
+    before_prompt = out.stdout.split("> ", 1)[0]
+    assert "search[<query>]" in before_prompt and "answer[<answer>]" in before_prompt
+    assert "no action [7]" in out.stdout
+    assert "[reward" not in out.stdout  # neither the number nor a meta command took a step
+    help_text = out.stdout.split(":help, ?", 1)[1]
+    assert ":legend" not in help_text  # SearchQA has no symbols to explain
+    assert "loading AgentGym/SearchQA-Synthetic-v0" in out.stderr  # said before the wait
+
+
+def test_play_passes_the_familys_own_help_action_through():
+    pytest.importorskip("textworld")
+    out = agentgym_cmd("play", "ALFWorld-Synthetic-v0", "--seed", "0", stdin="help\n:quit\n")
+    assert out.returncode == 0, out.stderr
+    assert "Available commands" in out.stdout  # ALFWorld's own help, as the env answers it
+    assert out.stdout.count("[reward") == 1
+
+
+def test_help_texts_show_defaults_and_every_command():
+    top = agentgym_cmd("-h")
+    description = top.stdout.split("positional arguments")[0]
+    assert "``" not in top.stdout
+    for command in ("list", "play", "rollout", "bench", "retrieval", "serve"):
+        assert f"agentgym {command}" in description, command
+    assert "(default: 4)" in agentgym_cmd("rollout", "-h").stdout
+    bench = agentgym_cmd("bench", "-h").stdout
+    assert "(default: 20000)" in bench and "(default: 5)" in bench
+
+
+def test_list_names_the_alfworld_data_variable(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "ALFWORLD_DATA"}
+    out = subprocess.run(
+        [sys.executable, "-m", "agentgym.cli", "list"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    line = next(x for x in out.stdout.splitlines() if x.startswith("AgentGym/ALFWorld-v0 "))
+    if "missing" not in line:  # packages here: the data column names the variable to set
+        assert "ALFWORLD_DATA" in line, line
+
+
+def test_a_bad_split_is_one_line_before_the_rollout():
+    out = agentgym_cmd("rollout", "Corridor-v0", "--split", "nonsense")
+    assert out.returncode == 1
+    lines = [line for line in out.stderr.splitlines() if "nonsense" in line]
+    assert len(lines) == 1 and "unknown split" in lines[0], out.stderr
+    assert "more: envs" not in out.stderr and "rolling out" not in out.stderr
+
+
+@pytest.fixture(scope="module")
+def valid_seen_only(tmp_path_factory) -> Path:
+    """An ALFWorld data root holding only json_2.1.1/valid_seen, unpacked from its archive."""
+    shared = Path(os.environ.get("AGENTGYM_SHARED_DATA", ROOT / ".." / "shared" / "data"))
+    archive = shared / "alfworld" / "json_2.1.1-valid_seen.tar.xz"
+    if not archive.is_file():
+        pytest.skip(f"ALFWorld archive {archive} absent")
+    root = tmp_path_factory.mktemp("valid_seen_only")
+    with tarfile.open(archive, "r:xz") as tar:
+        tar.extractall(root, filter="data")
+    return root
+
+
+@pytest.mark.realdata
+def test_rollout_and_play_the_split_that_is_unpacked(valid_seen_only):
+    pytest.importorskip("textworld")
+    env = dict(os.environ, ALFWORLD_DATA=str(valid_seen_only))
+    run = functools.partial(
+        subprocess.run, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env
+    )
+    cli = [sys.executable, "-m", "agentgym.cli"]
+    out = run([*cli, "rollout", "ALFWorld-v0", "--include-real", "--split", "valid_seen",
+               "--groups", "2", "--group-size", "2"])  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "ALFWorld-v0" in out.stdout
+    out = run([*cli, "play", "ALFWorld-v0", "--split", "valid_seen", "--seed", "0"], input="look\n")
+    assert out.returncode == 0, out.stderr
+    assert "task valid_seen/" in out.stdout and out.stdout.count("[reward") == 1
+    # a split that is not unpacked: one line naming what is
+    out = run([*cli, "rollout", "ALFWorld-v0", "--include-real", "--split", "valid_unseen"])
+    assert out.returncode == 1 and "present: valid_seen" in out.stderr, out.stderr

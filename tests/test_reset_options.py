@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import re
+import tempfile
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -99,3 +103,41 @@ def test_env_works_after_its_first_reset_was_refused():
     obs, info = env.reset(seed=0)
     obs, reward, terminated, truncated, info = env.step(info["admissible_actions"][0])
     assert info["action_valid"]
+
+
+# Reset options may come from a remote client (``agentgym serve``): a path-like split or task must
+# never reach the file system, and the refusal must not reveal where the server keeps its files.
+PATH_LIKE = ["../x", "/etc/passwd", "a/b", "..", "../outside/secret", "./test", "test/../test"]
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.\-])/[\w.\-]+/")
+
+
+def _without(text: str, value: str) -> str:
+    for shown in (repr(value), value):
+        text = text.replace(shown, "<value>")
+    return text
+
+
+@ids
+@pytest.mark.parametrize("key", ["split", "task"])
+def test_path_like_options_are_refused_without_revealing_paths(env_id, key, make):
+    env = make(env_id).unwrapped
+    env.reset(seed=0)
+    for value in PATH_LIKE:
+        with pytest.raises(ResetOptionError) as info:
+            env.reset(seed=0, options={key: value})
+        message = _without(str(info.value), value)
+        assert not _ABSOLUTE_PATH.search(message), (value, str(info.value))
+        for secret in (os.getcwd(), str(Path.home()), tempfile.gettempdir()):
+            assert secret not in message, (value, str(info.value))
+    # the refusals changed nothing
+    obs, info = env.reset(seed=0)
+    assert info["task_id"]
+
+
+def test_unknown_option_names_are_shown_short_and_printable():
+    env = gym.make("AgentGym/Corridor-v0")
+    with pytest.raises(ResetOptionError) as info:
+        env.reset(options={"x" * 100_000: 1, "\x00\x1b[2J": 2})
+    message = str(info.value)
+    assert len(message) < 300 and "\x00" not in message and "\x1b" not in message
+    assert "it accepts split, task" in message

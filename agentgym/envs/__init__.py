@@ -18,8 +18,12 @@ DISTRIBUTION = "agentgym-envs"
 
 
 def install_hint(extra: str) -> str:
-    """The command that installs an optional extra, e.g. ``pip install "agentgym-envs[alfworld]"``."""
-    return f'pip install "{DISTRIBUTION}[{extra}]" (in a clone: pip install -e ".[{extra}]")'
+    """The command that installs an optional extra: what works today first (an editable
+    install in a clone; the distribution is not on the package index yet), then the index's."""
+    return (
+        f'pip install -e ".[{extra}]" in a clone of agentgym '
+        f'(once published: pip install "{DISTRIBUTION}[{extra}]")'
+    )
 
 
 class MissingExtra(ImportError):
@@ -45,7 +49,7 @@ class EnvEntry:
     real_data: bool = False
     """True where the id plays real benchmark data that may be absent on this machine"""
     extra: str | None = None
-    """the optional extra (``pip install "agentgym-envs[EXTRA]"``) that installs ``needs``"""
+    """the optional extra (``pip install -e ".[EXTRA]"`` in a clone) that installs ``needs``"""
 
     def missing(self) -> list[str]:
         """The modules of ``needs`` that are not importable here."""

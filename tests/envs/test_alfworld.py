@@ -299,6 +299,68 @@ def test_no_data_error(tmp_path, monkeypatch):
     assert "valid_seen absent" in data_status()
 
 
+@pytest.fixture(scope="module")
+def valid_seen_only(tmp_path_factory) -> Path:
+    """A data root holding only json_2.1.1/valid_seen, as unpacked from its archive."""
+    _need(VALID_SEEN)
+    root = tmp_path_factory.mktemp("valid_seen_only")
+    with tarfile.open(VALID_SEEN, "r:xz") as tar:
+        tar.extractall(root, filter="data")
+    return root
+
+
+@pytest.mark.realdata
+def test_a_root_with_only_valid_seen_plays_valid_seen(valid_seen_only, monkeypatch):
+    monkeypatch.setenv("ALFWORLD_DATA", str(valid_seen_only))
+    # the split asked for, through the constructor and through a reset option
+    env = ALFWorldEnv(split="valid_seen")
+    obs, info = env.reset(seed=0)
+    assert info["task_id"].startswith("valid_seen/") and env.num_tasks == 140
+    env = gym.make("AgentGym/ALFWorld-v0")  # default split train is absent: still constructs
+    obs, info = env.reset(seed=0, options={"split": "valid_seen"})
+    assert info["task_id"].startswith("valid_seen/") and "-= Welcome to TextWorld" in obs
+    # an absent split says which splits are here, and names no path
+    for split in ("train", "valid_unseen"):
+        with pytest.raises(ResetOptionError) as err:
+            env.reset(options={"split": split})
+        assert "present: valid_seen" in str(err.value)
+        assert str(valid_seen_only) not in str(err.value)
+    assert env.unwrapped.split == "valid_seen"  # the refusal left the env on its split
+    with pytest.raises(DataNotFoundError, match="present: valid_seen"):
+        ALFWorldEnv().reset(seed=0)  # train by default, absent
+
+
+def test_game_index_honours_agentgym_cache(tmp_path, monkeypatch):
+    split_dir = tmp_path / "data" / "json_2.1.1" / "valid_seen"
+    for i in range(3):
+        game = split_dir / f"pick_and_place_simple-Apple-None-Fridge-{i}" / "trial_1" / GAME
+        game.parent.mkdir(parents=True)
+        game.write_text('{"pddl_problem": "", "solvable": true}')
+    monkeypatch.setattr("agentgym.envs.alfworld.data._PERSIST_MIN", 1)
+    monkeypatch.setenv("AGENTGYM_CACHE", str(tmp_path / "cache"))
+    _MEMORY.clear()
+    assert len(list_games(tmp_path / "data", "valid_seen")) == 3
+    assert len(list((tmp_path / "cache" / "alfworld").glob("index-*.json"))) == 1
+
+
+def test_an_unwritable_cache_costs_one_warning_line_not_the_env(tmp_path, monkeypatch, caplog):
+    """A cache folder that cannot be created even by root: its parent is a regular file."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("AGENTGYM_CACHE", str(blocker / "cache"))
+    split_dir = tmp_path / "data" / "json_2.1.1" / "valid_seen"
+    game = split_dir / "pick_and_place_simple-Apple-None-Fridge-1" / "trial_1" / GAME
+    game.parent.mkdir(parents=True)
+    game.write_text('{"pddl_problem": "", "solvable": true}')
+    monkeypatch.setattr("agentgym.envs.alfworld.data._PERSIST_MIN", 1)
+    _MEMORY.clear()
+    with caplog.at_level("WARNING", logger="agentgym"):
+        assert len(list_games(tmp_path / "data", "valid_seen")) == 1
+    warnings = [r.getMessage() for r in caplog.records if r.name == "agentgym"]
+    assert len(warnings) == 1 and "AGENTGYM_CACHE" in warnings[0], warnings
+    assert "\n" not in warnings[0]
+
+
 @pytest.mark.realdata
 def test_garbage_actions_never_raise(real_root):
     env, _, info = _env(real_root, 3)

@@ -179,6 +179,33 @@ def test_valid_unseen_uses_only_held_out_scenes(tmp_path):
     assert {TASK_DIR.match(p.parts[-3])["task"] for p in unseen} == set(TASK_TYPES)
 
 
+def test_an_unwritable_cache_still_plays_with_one_warning_line(tmp_path):
+    """AGENTGYM_CACHE under a regular file (no folder can be made there, even by root): the
+    games are generated into a private temporary folder, once per process, removed at exit."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    script = (
+        "import gymnasium as gym, agentgym\n"
+        "env = gym.make('AgentGym/ALFWorld-Synthetic-v0')\n"
+        "obs, info = env.reset(seed=0)\n"
+        "assert info['task_id'] and obs\n"
+        "again = gym.make('AgentGym/ALFWorld-Synthetic-v0').unwrapped\n"
+        "assert again.data_root == env.unwrapped.data_root  # generated once per process\n"
+        "print(env.unwrapped.data_root)\n"
+    )
+    environ = dict(os.environ, AGENTGYM_CACHE=str(blocker / "cache"))
+    run = subprocess.run(
+        [sys.executable, "-c", script], env=environ, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    warnings = [line for line in lines if "cache" in line]
+    assert len(warnings) == 1 and "AGENTGYM_CACHE" in warnings[0], lines
+    assert "Traceback" not in run.stderr and "Errno" not in run.stderr
+    data_root = Path(run.stdout.strip().splitlines()[-1])
+    assert not data_root.exists()  # the temporary copy went with the process
+
+
 def test_bad_arguments_raise_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="unknown task type"):
         generate_game(np.random.default_rng(0), "slice_everything")

@@ -560,6 +560,62 @@ def test_split_selection_on_files_and_folders(search_r1_dir, corpus_retriever, t
         env.reset(options={"split": "train"})
 
 
+def test_split_option_never_reads_outside_the_data_folder(
+    search_r1_dir, corpus_retriever, tmp_path
+):
+    """A split names a question file inside the data folder; nothing else reaches the disk, and
+    no refusal shows a path of this machine or whether a file exists."""
+    import shutil
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for name in ("train.parquet", "test.parquet"):
+        shutil.copy(search_r1_dir / name, folder / name)
+    (folder / "broken.jsonl").write_text("{not json\n", encoding="utf-8")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    secret = {"question": "THE SECRET QUESTION?", "golden_answers": ["hush"]}
+    (outside / "secret.jsonl").write_text(json.dumps(secret) + "\n", encoding="utf-8")
+    (tmp_path / "data.jsonl").write_text(json.dumps(secret) + "\n", encoding="utf-8")
+    env = SearchQAEnv(data=folder, retriever=corpus_retriever)
+    env.reset(seed=0)
+    n_test = env.num_tasks
+    refused = [
+        "../outside/secret",
+        "../data",
+        "..",
+        "a/b",
+        "/etc/passwd",
+        "no-such-split",
+        "broken",
+        ["train"],
+        "",
+    ]
+    for split in refused:
+        with pytest.raises(ResetOptionError) as err:
+            env.reset(seed=0, options={"split": split})
+        message = str(err.value)
+        assert str(tmp_path) not in message and "SECRET" not in message, message
+        assert env.split is None and env.num_tasks == n_test  # a refusal leaves the env as it was
+    # the message of an unknown split lists the splits present, by name
+    with pytest.raises(ResetOptionError, match="'broken', 'test', 'train'"):
+        env.reset(options={"split": "valid"})
+    # a split present in the folder still works, and so does its alias
+    obs, info = env.reset(seed=0, options={"split": "train"})
+    assert info["split"] == "train" and "SECRET" not in obs
+    # a question id of another file is refused by name, not by path
+    with pytest.raises(ResetOptionError) as err:
+        env.reset(options={"task": "../outside/secret"})
+    assert str(tmp_path) not in str(err.value) and "train.parquet" in str(err.value)
+    # a single file: the split filters rows; an unknown one is refused without the path
+    env = SearchQAEnv(
+        data=search_r1_dir / "valid.parquet", retriever=corpus_retriever, split="valid"
+    )
+    with pytest.raises(ResetOptionError) as err:
+        env.reset(options={"split": "../outside/secret"})
+    assert str(search_r1_dir) not in str(err.value)
+
+
 def test_real_path_matches_the_synthetic_env_step_for_step(search_r1_dir, corpus_retriever):
     """Search-R1 files + the same BM25 over the written corpus = the synthetic env's episodes."""
     real = SearchQAEnv(data=search_r1_dir / "test.parquet", retriever=corpus_retriever)

@@ -506,6 +506,18 @@ def test_search_returns_webshops_top_50(env):
     assert search is product_search(env.catalogue)
 
 
+def test_an_unwritable_cache_keeps_the_index_in_memory(tmp_path, monkeypatch, caplog):
+    cat = load_catalogue(synthetic=True, num_products=300)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")  # no folder can be made under it, even by root
+    monkeypatch.setenv("AGENTGYM_CACHE", str(blocker / "cache"))
+    with caplog.at_level("WARNING", logger="agentgym"):
+        search = ProductSearch(cat, persist=True)  # the default folder: $AGENTGYM_CACHE/webshop
+    assert search.path is None and len(search.search("coffee"))
+    warnings = [r.getMessage() for r in caplog.records if r.name == "agentgym"]
+    assert len(warnings) == 1 and "AGENTGYM_CACHE" in warnings[0], warnings
+
+
 def test_saved_index_is_reused(tmp_path):
     cat = load_catalogue(synthetic=True, num_products=300)
     built = ProductSearch(cat, cache_dir=tmp_path, persist=True)

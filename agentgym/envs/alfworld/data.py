@@ -8,7 +8,7 @@ The filter is alfworld's ``AlfredTWEnv.collect_game_files``: skip paths containi
 or ``Sliced``, skip games whose JSON lacks ``"solvable": true``, keep the chosen task types
 (read from the task folder's name, which starts with the task type). Listing a split reads
 only file tails and is cached twice: in memory per (root, split), and on disk in a small index
-(``~/.cache/agentgym/alfworld``) keyed by each file's size and mtime, so that constructing an
+(``$AGENTGYM_CACHE/alfworld``, default ``~/.cache/agentgym/alfworld``) keyed by each file's size and mtime, so that constructing an
 env on the 3553-game train split costs a directory scan, not 3553 JSON parses.
 """
 
@@ -23,6 +23,8 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+from agentgym.envs.cache import cache_dir, writable_cache_dir
+
 __all__ = [
     "TASK_TYPES",
     "SPLITS",
@@ -31,6 +33,7 @@ __all__ = [
     "default_data_root",
     "resolve_data_root",
     "list_games",
+    "present_splits",
     "normalize_task_types",
     "task_type_of",
     "data_status",
@@ -133,8 +136,7 @@ def task_type_of(task_id: str) -> str:
 
 def _index_file(split_dir: Path) -> Path:
     digest = hashlib.sha1(str(split_dir.resolve()).encode()).hexdigest()[:16]
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return base / "agentgym" / "alfworld" / f"index-{digest}.json"
+    return cache_dir("alfworld") / f"index-{digest}.json"
 
 
 def _is_solvable(path: str) -> bool:
@@ -188,16 +190,19 @@ def _scan_split(split_dir: Path) -> list[tuple[str, str]]:
             new[rel] = stamp + [solvable]
             if solvable:
                 found.append((rel, path))
+    # the index is only a cache: an unwritable cache folder costs a warning line, not the env
     if new != old and len(new) >= _PERSIST_MIN:
-        try:  # the index is only a cache: a read-only home must not break the env
-            index_path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(
-                "w", dir=index_path.parent, delete=False, suffix=".tmp"
-            ) as f:
-                json.dump(new, f)
-            os.replace(f.name, index_path)
-        except OSError:
-            pass
+        folder = writable_cache_dir(index_path.parent, "the ALFWorld game index")
+        if folder is not None:
+            tmp = None
+            try:
+                with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as f:
+                    tmp = f.name
+                    json.dump(new, f)
+                os.replace(tmp, index_path)
+            except OSError:  # e.g. a full disk after the check: the next run scans again
+                if tmp is not None:
+                    Path(tmp).unlink(missing_ok=True)
     return found
 
 
@@ -229,14 +234,21 @@ def list_games(
     return [(tid, p) for tid, p in games if task_type_of(tid) in wanted]
 
 
+def present_splits(data_root: str | os.PathLike[str] | None) -> list[str]:
+    """The splits of :data:`SPLITS` whose folder exists under ``data_root/json_2.1.1``."""
+    base = resolve_data_root(data_root) / DATA_DIR
+    return [split for split in SPLITS if (base / split).is_dir()]
+
+
 def data_status(data_root: str | os.PathLike[str] | None = None) -> str:
     """One line: where ALFWorld data was looked for and how many playable games each split has."""
     root = resolve_data_root(data_root)
-    where = (
-        f"ALFWORLD_DATA={root}"
-        if data_root is None and os.environ.get("ALFWORLD_DATA")
-        else str(root)
-    )
+    if data_root is not None:
+        where = str(root)
+    elif os.environ.get("ALFWORLD_DATA"):
+        where = f"ALFWORLD_DATA={root}"
+    else:  # say which variable to set, not only the default folder
+        where = f"ALFWORLD_DATA not set, so {root}"
     parts = []
     for split in SPLITS:
         try:

@@ -14,12 +14,13 @@ from agentgym.envs.alfworld.data import (
     list_games,
     normalize_split,
     normalize_task_types,
+    present_splits,
     resolve_data_root,
     task_type_of,
 )
 from agentgym.envs.alfworld.engine import FrozenWorld, Game, World, load_game
 
-__all__ = ["ALFWorldEnv", "success_by_task_type"]
+__all__ = ["ALFWorldEnv", "SplitNotFoundError", "success_by_task_type"]
 
 _NO_DATA = (
     "ALFWorld data not found in {where} (looked for {split_dir}); set ALFWORLD_DATA to the folder "
@@ -27,6 +28,13 @@ _NO_DATA = (
     "data_root=..., or use the built-in synthetic games: "
     "gym.make('AgentGym/ALFWorld-Synthetic-v0')"
 )
+
+
+class SplitNotFoundError(ResetOptionError, DataNotFoundError):
+    """An ALFWorld split whose folder is absent while others are present: a
+    :class:`~agentgym.core.ResetOptionError` when a reset option asked for it, and a
+    ``FileNotFoundError`` for code that catches missing data. The message lists the splits
+    present."""
 
 
 class _ALFWorldState(NamedTuple):
@@ -117,6 +125,10 @@ class ALFWorldEnv(TextEnv):
     """
 
     family: ClassVar[str] = "alfworld"
+    action_syntax: ClassVar[str] = (
+        "a command as TextWorld writes it ('go to fridge 1', 'take apple 1 from countertop 1'); "
+        "'help' lists the command forms"
+    )
 
     def __init__(
         self,
@@ -149,7 +161,11 @@ class ALFWorldEnv(TextEnv):
             raise ValueError(f"expert={expert!r}: use False, True / 'oracle', or 'planner'")
         self.expert = expert or False
         self.split = normalize_split(split)
-        self._games = self._load_split(self.split)
+        if not present_splits(self.data_root):  # no data at all: say so now, not at reset
+            raise DataNotFoundError(self._no_data_message(self.data_root / "json_2.1.1"))
+        # games of self.split, listed on first use: a root holding only valid_seen serves
+        # split="valid_seen" (or reset(options={"split": "valid_seen"})) without a train folder
+        self._split_games: list[tuple[str, str]] | None = None
         self._task_id = ""
         self._game: Game | None = None
         self._world: World | None = None
@@ -157,19 +173,40 @@ class ALFWorldEnv(TextEnv):
         self._expert_plan: list[str] = []  # remaining planner commands, valid while followed
 
     # -- tasks ----------------------------------------------------------------------------
+    def _no_data_message(self, looked_for: Any) -> str:
+        where = (
+            f"$ALFWORLD_DATA ({self.data_root})"
+            if os.environ.get("ALFWORLD_DATA")
+            else str(self.data_root)
+        )
+        return _NO_DATA.format(where=where, split_dir=looked_for)
+
+    @property
+    def _games(self) -> list[tuple[str, str]]:
+        """The games of the current split, loaded on first use."""
+        if self._split_games is None:
+            self._split_games = self._load_split(self.split)
+        return self._split_games
+
+    @_games.setter
+    def _games(self, games: list[tuple[str, str]] | None) -> None:
+        self._split_games = games
+
     def _load_split(self, split: str) -> list[tuple[str, str]]:
         try:
             games = list_games(self.data_root, split, self.task_types)
         except DataNotFoundError as exc:
-            where = (
-                f"$ALFWORLD_DATA ({self.data_root})"
-                if os.environ.get("ALFWORLD_DATA")
-                else str(self.data_root)
-            )
-            raise DataNotFoundError(_NO_DATA.format(where=where, split_dir=exc)) from None
+            present = present_splits(self.data_root)
+            if not present:
+                raise DataNotFoundError(self._no_data_message(exc)) from None
+            # no path in the message: a reset option may come from a remote client
+            raise SplitNotFoundError(
+                f"ALFWorld split {split!r} is not in the data folder; present: "
+                f"{', '.join(present)} (unpack json_2.1.1/{split} beside them to play it)"
+            ) from None
         if not games:
             raise DataNotFoundError(
-                f"no playable ALFWorld games in {self.data_root}/json_2.1.1/{split} for task types "
+                f"no playable ALFWorld games in split {split!r} for task types "
                 f"{list(self.task_types)} (alfworld's filter keeps solvable games only)"
             )
         return games
@@ -213,7 +250,7 @@ class ALFWorldEnv(TextEnv):
         if split is not None and normalize_split(split) != self.split:
             # pick from the other split first: a bad task leaves the env on its current split
             new_split = normalize_split(split)
-            current = self.split, self._games
+            current = self.split, self._split_games  # may be unloaded: keep it so
             self.split, self._games = new_split, self._load_split(new_split)
             try:
                 self._task_id, path = self._pick(task)

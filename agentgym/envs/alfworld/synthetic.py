@@ -43,12 +43,14 @@ Public API: :func:`generate_game`, :func:`generate_games`, :func:`verify_game`,
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +58,8 @@ from pathlib import Path
 import numpy as np
 
 from agentgym.envs.alfworld.engine import demangle_names
+from agentgym.envs.cache import cache_dir as _cache_dir
+from agentgym.envs.cache import writable_cache_dir
 
 __all__ = [
     "SYNTHETIC_NOTICE",
@@ -865,8 +869,21 @@ def verify_game(path: Path | str, solution: Sequence[str] | None = None) -> bool
 
 def default_cache_dir() -> Path:
     """``$AGENTGYM_CACHE/alfworld-synthetic-v1`` (default ``~/.cache/agentgym/...``)."""
-    base = os.environ.get("AGENTGYM_CACHE") or Path.home() / ".cache" / "agentgym"
-    return Path(base) / GENERATOR_VERSION
+    return _cache_dir(GENERATOR_VERSION)
+
+
+# Sets generated where no cache folder could be written: one private temporary copy per set and
+# process, removed at exit.
+_UNCACHED: dict[str, tuple[Path, Path]] = {}  # set name -> (temporary folder, data root)
+_UNCACHED_LOCK = threading.Lock()
+
+
+def _remove_uncached() -> None:
+    for folder, _ in _UNCACHED.values():
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+atexit.register(_remove_uncached)
 
 
 def ensure_synthetic_data(
@@ -890,9 +907,22 @@ def ensure_synthetic_data(
     """
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     root = cache_dir / f"seed{seed}-{n_train}-{n_valid_seen}-{n_valid_unseen}"
-    if (root / "COMPLETE").exists():
-        return root
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        if (root / "COMPLETE").exists():
+            return root
+    except OSError:  # e.g. a path through a regular file: not cached, generated below
+        pass
+    if writable_cache_dir(cache_dir, "the synthetic ALFWorld game set") is None:
+        # no cache folder: generate into a private temporary folder once per process
+        with _UNCACHED_LOCK:
+            if root.name not in _UNCACHED:
+                folder = Path(tempfile.mkdtemp(prefix=f"agentgym-{root.name}-"))
+                data = ensure_synthetic_data(
+                    folder, n_train, n_valid_seen, n_valid_unseen, seed,
+                    verify=verify, progress=progress,
+                )  # fmt: skip
+                _UNCACHED[root.name] = (folder, data)
+            return _UNCACHED[root.name][1]
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=cache_dir))
     try:
         for split, n in (

@@ -60,6 +60,7 @@ class CorridorEnv(TextEnv):
     """
 
     family: ClassVar[str] = "corridor"
+    action_syntax: ClassVar[str] = "a door's name to go through it, or back from a dead end"
 
     def __init__(
         self,

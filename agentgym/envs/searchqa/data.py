@@ -25,20 +25,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentgym.core import ResetOptionError
 from agentgym.envs.searchqa.qa import as_answer_list
 
 __all__ = [
     "DATA_ENV",
     "RETRIEVER_ENV",
     "QADataset",
+    "UnknownSplitError",
     "data_status",
     "load_questions",
+    "check_split_name",
     "resolve_data_file",
+    "split_files",
 ]
 
 #: environment variables the real-data id reads when ``data=`` / ``retriever=`` are not given
@@ -54,8 +59,49 @@ _SPLIT_ALIASES = {
 }
 
 
+# A split is the stem of a question file directly inside the data folder: one path component.
+_SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
+
+
+class UnknownSplitError(ResetOptionError, FileNotFoundError):
+    """A split that the question data does not hold (or a name that cannot be a split).
+
+    A :class:`~agentgym.core.ResetOptionError` for ``reset(options={"split": ...})`` and a
+    ``FileNotFoundError`` for code that expects one from the constructor. The message names the
+    splits present and never a path on this machine: reset options may come from a remote client.
+    """
+
+
 def _split_names(split: str) -> tuple[str, ...]:
     return _SPLIT_ALIASES.get(split, (split,))
+
+
+def split_files(folder: str | os.PathLike[str]) -> dict[str, Path]:
+    """Split name -> question file, for the ``<split>.parquet|.jsonl|.json`` files directly in
+    ``folder`` (parquet preferred where a stem has several)."""
+    found: dict[str, tuple[int, Path]] = {}
+    with os.scandir(folder) as entries:
+        for e in entries:
+            stem, dot, ext = e.name.rpartition(".")
+            suffix = dot + ext
+            if not dot or suffix not in _SUFFIXES or not _SPLIT_NAME.match(stem):
+                continue
+            rank = _SUFFIXES.index(suffix)
+            if (stem not in found or rank < found[stem][0]) and e.is_file():
+                found[stem] = (rank, Path(e.path))
+    return {stem: path for stem, (_, path) in sorted(found.items())}
+
+
+def check_split_name(split: object) -> str:
+    """``split`` if it can name a split (text, one file-name component, no ``..``), else
+    :class:`UnknownSplitError`; says nothing about which files exist."""
+    if not isinstance(split, str) or not _SPLIT_NAME.match(split) or ".." in split:
+        shown = repr(split) if isinstance(split, str) else type(split).__name__
+        raise UnknownSplitError(
+            f"split {shown[:80]} is not a split name: use a name such as 'train' or 'test' "
+            "(letters, digits, '_', '-', '.'; no path)"
+        )
+    return split
 
 
 @dataclass(frozen=True)
@@ -82,27 +128,34 @@ class QADataset:
         row = self._row_of.get(question_id)  # type: ignore[attr-defined]
         if row is None:
             example = self.ids[0] if self.ids else "(none)"
+            # the file's name only: reset options (and so this message) may come from a client
             raise KeyError(
-                f"no question {question_id!r} in {self.path} (ids look like {example!r})"
+                f"no question {str(question_id)[:80]!r} in {Path(self.path).name} "
+                f"(ids look like {example!r})"
             )
         return row
 
 
 def resolve_data_file(data: str | os.PathLike[str], split: str | None) -> Path:
-    """The question file ``data`` names: itself if a file, else ``<data>/<split>.<ext>``."""
+    """The question file ``data`` names: itself if a file, else the folder's file for ``split``.
+
+    In a folder, ``split`` is looked up among the question files the folder holds
+    (:func:`split_files`), never joined onto the path: a split such as ``../other/file`` or
+    ``/etc/passwd`` is refused with :class:`UnknownSplitError`, as is a split with no file (the
+    message lists the splits present, and no path).
+    """
     path = Path(data).expanduser()
     if path.is_file():
         return path.resolve()
     if path.is_dir():
-        names = _split_names(split or "test")
-        for name in names:
-            for suffix in _SUFFIXES:
-                candidate = path / f"{name}{suffix}"
-                if candidate.is_file():
-                    return candidate.resolve()
-        raise FileNotFoundError(
-            f"no question file for split {split or 'test'!r} in {path}: looked for "
-            f"{', '.join(n + '.parquet/.jsonl' for n in names)}; pass data= a parquet or JSONL file"
+        split = check_split_name(split or "test")
+        files = split_files(path)
+        for name in _split_names(split):
+            if name in files:
+                return files[name].resolve()
+        raise UnknownSplitError(
+            f"no question file for split {split!r}: the data folder holds "
+            f"{', '.join(map(repr, files)) or 'no .parquet/.jsonl/.json files'}"
         )
     raise FileNotFoundError(f"question file {path} not found; pass data= a parquet or JSONL file")
 
@@ -252,6 +305,8 @@ def load_questions(data: str | os.PathLike[str], split: str | None = None) -> QA
     read-only copy. Raises FileNotFoundError if there is no such file, ValueError if the file is
     not in Search-R1's format (the message says what is missing).
     """
+    if split is not None:
+        check_split_name(split)
     path = resolve_data_file(data, split)
     file_is_split = Path(data).expanduser().is_dir()
     key = (str(path), path.stat().st_mtime_ns, None if file_is_split else split)

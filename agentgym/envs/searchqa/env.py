@@ -12,8 +12,20 @@ from typing import Any, ClassVar, NamedTuple
 
 from gymnasium import spaces
 
-from agentgym.core import MAX_OBS_CHARS, SnapshotMismatch, TextEnv, describe_action
-from agentgym.envs.searchqa.data import DATA_ENV, RETRIEVER_ENV, QADataset, load_questions
+from agentgym.core import (
+    MAX_OBS_CHARS,
+    ResetOptionError,
+    SnapshotMismatch,
+    TextEnv,
+    describe_action,
+)
+from agentgym.envs.searchqa.data import (
+    DATA_ENV,
+    RETRIEVER_ENV,
+    QADataset,
+    UnknownSplitError,
+    load_questions,
+)
 from agentgym.envs.searchqa.qa import exact_match, f1, normalize_answer
 from agentgym.envs.searchqa.synthetic import SPLITS, knowledge_base
 from agentgym.retrieval.base import Hit, Retriever
@@ -252,6 +264,9 @@ class SearchQAEnv(TextEnv):
     """
 
     family: ClassVar[str] = "searchqa"
+    action_syntax: ClassVar[str] = (
+        "search[<query>] to retrieve passages, answer[<answer>] to give the final answer"
+    )
 
     def __init__(
         self,
@@ -304,7 +319,10 @@ class SearchQAEnv(TextEnv):
                 )
             self._retriever_obj = retriever
         self._retriever = self._open_retriever()
-        self._dataset = self._load(self.split)
+        try:
+            self._dataset = self._load(self.split)
+        except UnknownSplitError as exc:  # the constructor's caller chose data=: name it
+            raise UnknownSplitError(f"{exc} (data={self.data})") from None
         # episode state
         self._row = 0
         self._retrieved: frozenset[str] = frozenset()
@@ -325,13 +343,34 @@ class SearchQAEnv(TextEnv):
 
     def _load(self, split: str | None) -> QADataset:
         if self.synthetic:
-            if split not in SPLITS:
-                raise ValueError(f"unknown split {split!r}; the synthetic questions have {SPLITS}")
+            if not isinstance(split, str) or split not in SPLITS:
+                raise UnknownSplitError(
+                    f"unknown split {describe_action(split)!r}; the synthetic questions have "
+                    f"{', '.join(SPLITS)}"
+                )
             return _synthetic_dataset(self.kb_seed, split)
         ds = load_questions(self.data, split)
         if len(ds) == 0:
             raise ValueError(f"no questions in {ds.path} for split {split!r}")
         return ds
+
+    def _load_option_split(self, split: Any) -> QADataset:
+        """:meth:`_load` for ``reset(options={"split": ...})``: every failure is a
+        :class:`ResetOptionError` naming files by their name inside the data folder only, since
+        options may come from a remote client (``agentgym serve``)."""
+        try:
+            return self._load(split)
+        except ResetOptionError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            text = str(exc.args[0]) if len(exc.args) == 1 else str(exc)
+            data = Path(self.data).expanduser()
+            folder = data if data.is_dir() else data.parent
+            for base in {str(folder.resolve()), str(folder.absolute()), str(folder)}:
+                text = text.replace(base + os.sep, "").replace(base, "the data folder")
+            raise ResetOptionError(
+                f"split {describe_action(split)!r} cannot be used: {text}"
+            ) from None
 
     def __getstate__(self) -> dict[str, Any]:
         # The dataset and a retriever opened from a source are process-wide shared objects:
@@ -379,7 +418,7 @@ class SearchQAEnv(TextEnv):
             if len(parts) == 3 and parts[1] in SPLITS:
                 split = parts[1]
         if split is not None and split != self.split:
-            self._dataset = self._load(split)
+            self._dataset = self._load_option_split(split)
             self.split = split
         self._row = self._pick(task)
         self._retrieved = frozenset()

@@ -234,6 +234,7 @@ class SokobanEnv(TextEnv):
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
     family: ClassVar[str] = "sokoban"
+    action_syntax: ClassVar[str] = "up, down, left or right: one push or move per step"
     reset_option_keys: ClassVar[frozenset[str]] = frozenset({"task", "split", "room"})
     #: what the board's symbols mean (``agentgym play`` shows it)
     legend: ClassVar[str] = ", ".join(f"{SYMBOLS[k]} {k.replace('_', ' ')}" for k in _GLYPH_ORDER)

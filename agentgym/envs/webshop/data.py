@@ -50,6 +50,8 @@ from typing import Any, Literal
 import numpy as np
 from tqdm.auto import tqdm
 
+from agentgym.envs.cache import cache_dir
+
 __all__ = [
     "CATALOGUE_FILES",
     "DEFAULT_SEED",
@@ -114,8 +116,7 @@ class DataNotFoundError(FileNotFoundError):
 
 def default_cache_dir() -> Path:
     """``$AGENTGYM_CACHE/webshop`` (default ``~/.cache/agentgym/webshop``)."""
-    base = os.environ.get("AGENTGYM_CACHE") or Path.home() / ".cache" / "agentgym"
-    return Path(base) / "webshop"
+    return cache_dir("webshop")
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:

@@ -152,6 +152,9 @@ class WebShopEnv(TextEnv):
     """
 
     family: ClassVar[str] = "webshop"
+    action_syntax: ClassVar[str] = (
+        "search[<query>] on the search page, click[<button, product id or option>] elsewhere"
+    )
 
     def __init__(
         self,
@@ -251,7 +254,7 @@ class WebShopEnv(TextEnv):
             rows = self.catalogue.splits[split or self.split]
             if not len(rows):
                 raise ResetOptionError(
-                    f"split {split or self.split!r} of {self.catalogue.source} has no goals "
+                    f"split {split or self.split!r} of the catalogue has no goals "
                     f"({len(self.catalogue.goals)} goals in all; test is 0-499, valid 500-1499)"
                 )
             return int(rows[int(self.np_random.integers(len(rows)))])

@@ -96,7 +96,7 @@ class SpacyNouns:
 
     Raises:
         OSError: the model is not installed; the message says how to install it.
-        ImportError: spaCy itself is missing (``pip install 'agentgym-envs[spacy]'``).
+        ImportError: spaCy itself is missing (``pip install -e ".[spacy]"`` in a clone).
     """
 
     def __init__(self, model: str | os.PathLike[str] = _DEFAULT_MODEL) -> None:

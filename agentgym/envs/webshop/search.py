@@ -21,6 +21,7 @@ group searches the same words) are answered from a per-process memo.
 
 from __future__ import annotations
 
+import tempfile
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Literal
 
 import numpy as np
 
+from agentgym.envs.cache import writable_cache_dir
 from agentgym.envs.webshop.data import Catalogue, default_cache_dir
 from agentgym.retrieval.sparse import BM25Index
 
@@ -68,6 +70,14 @@ class ProductSearch:
             persist = backend == "pyserini" or len(catalogue.products) >= PERSIST_MIN_PRODUCTS
         cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.path = cache_dir / f"index-{backend}-{catalogue.fingerprint}" if persist else None
+        if self.path is not None and not self.path.is_dir():
+            if writable_cache_dir(cache_dir, "the WebShop search index") is None:
+                # bm25s keeps the index in memory; Lucene needs a folder: a private temporary one
+                self.path = (
+                    Path(tempfile.mkdtemp(prefix="agentgym-webshop-index-")) / self.path.name
+                    if backend == "pyserini"
+                    else None
+                )
         self.index = self._open_or_build()
         self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
