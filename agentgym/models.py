@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentgym.envs.cache import cache_dir
+
 __all__ = [
     "KNOWN_MODELS",
     "ModelNotAvailable",
@@ -73,9 +75,8 @@ _DONE_MARKER = "agentgym-model.txt"
 
 
 def models_cache_dir() -> Path:
-    """``$AGENTGYM_CACHE/models`` (default ``~/.cache/agentgym/models``)."""
-    base = os.environ.get("AGENTGYM_CACHE") or Path.home() / ".cache" / "agentgym"
-    return Path(base) / "models"
+    """``$AGENTGYM_CACHE/models`` (default ``~/.cache/agentgym/models``), as every agentgym cache."""
+    return cache_dir("models")
 
 
 def _source(name: str) -> ModelSource:
