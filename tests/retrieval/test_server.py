@@ -710,6 +710,11 @@ def test_cli_serve_answers_over_a_built_bm25_index(tmp_path: Path, corpus_path: 
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode is not None
     assert "BM25" in out  # it logs what it serves
+    # ... and, before each slow step of the start-up, what it is loading
+    steps = ["loading the index in", "opening the document store", "loading the bm25s BM25 index"]
+    at = [out.index(words) for words in [*steps, "serving BM25Retriever"]]
+    assert at == sorted(at)
+    assert "no authentication" not in out  # loopback: no warning
 
 
 @pytest.mark.parametrize(
