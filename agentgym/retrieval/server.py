@@ -49,14 +49,14 @@ previous search is the next batch, so batches grow with the load by themselves a
 never waits for company that is not coming. ``batch_wait_ms > 0`` holds a batch open that long
 after its first request arrived (or until it holds ``max_batch_queries`` queries).
 ``max_batch_queries=1`` turns merging off (every request is searched on its own, how Search-R1's
-server works). If a merged search raises, each of its requests is retried alone, so one query
+server works, in chunks if it is large). If a merged search raises, each of its requests is retried alone, so one query
 that breaks the retriever fails only its own request.
 
 Large requests take turns. A request of more than ``chunk_queries`` queries (or more than the
 adaptive batch cap below) is searched in chunks of that many, one chunk per search, and after
 each chunk it goes to the back of the queue, behind the requests that arrived meanwhile. So a
-small request waits for at most the search in progress and one more, never for the whole of a
-large request. The answer of a chunked request is sent whole once its last chunk is searched. A client that hangs
+small request is searched in the search after the one in progress (unless more than a batch of
+requests came before it), never after the whole of a large request. The answer of a chunked request is sent whole once its last chunk is searched. A client that hangs
 up is withdrawn: its remaining chunks are never searched.
 
 Batch size follows the retriever's cost (``adaptive_batch=True``, the default). Merging pays
