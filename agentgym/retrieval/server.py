@@ -886,7 +886,9 @@ def serve_in_thread(
     import uvicorn
 
     _warn_if_exposed(host)
-    config = _uvicorn_config(app, host, port, log_level="warning", access_log=False)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", access_log=False, **_uvicorn_options(app)
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="retrieval-server", daemon=True)
     thread.start()
@@ -904,15 +906,12 @@ def serve_in_thread(
     return BackgroundServer(server, thread, f"http://{host}:{bound_port}")
 
 
-def _uvicorn_config(app: ASGIApp, host: str, port: int, **kwargs: Any) -> Any:
-    """uvicorn's ``Config`` for ``app``; for an app with a ``client_timeout_s``, with an HTTP
-    protocol that closes connections that send no complete request head within it."""
-    import uvicorn
-
+def _uvicorn_options(app: ASGIApp) -> dict[str, Any]:
+    """What uvicorn needs besides the defaults to serve ``app``: for an app with a
+    ``client_timeout_s``, an HTTP protocol that closes connections that send no complete request
+    head within it."""
     timeout_s = getattr(app, "client_timeout_s", None)
-    if timeout_s is not None:
-        kwargs["http"] = _request_deadline_protocol(timeout_s)
-    return uvicorn.Config(app, host=host, port=port, **kwargs)
+    return {} if timeout_s is None else {"http": _request_deadline_protocol(timeout_s)}
 
 
 def _request_deadline_protocol(timeout_s: float) -> type[asyncio.Protocol]:
@@ -1091,7 +1090,13 @@ def serve(
             client_timeout_s=client_timeout_s,
             adaptive_batch=adaptive_batch,
         )
-        config = _uvicorn_config(app, host, port, log_level="info", access_log=access_log)
-        uvicorn.Server(config).run()
+        uvicorn.run(
+            app,
+            host=host,
+            port=port,
+            log_level="info",
+            access_log=access_log,
+            **_uvicorn_options(app),
+        )
     finally:
         retriever.close()
