@@ -18,11 +18,18 @@ sentence-transformers; each loads when the name that needs it is first used.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentgym.retrieval.base import Hit, Retriever
+
+# faiss's loader logs at INFO which CPU build it tries, e.g. "Could not load library with AVX512
+# support due to: ModuleNotFoundError(...)", which reads like an error on every machine without
+# that build. Every faiss import in agentgym comes through this package, so it is quieted here,
+# once, before faiss is first imported; its warnings still show.
+logging.getLogger("faiss.loader").setLevel(logging.WARNING)
 
 if TYPE_CHECKING:  # for type checkers and IDEs only; at run time these load on first use
     from agentgym.retrieval.build import IndexMeta, build_index, read_meta

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import sys
@@ -54,6 +55,8 @@ __all__ = [
     "open_index",
     "read_meta",
 ]
+
+logger = logging.getLogger(__name__)
 
 INDEX_KINDS = ("flat", "hnsw", "ivfpq", "bm25")
 INDEX_VERSION = 1
@@ -167,7 +170,9 @@ def build_index(
     (``backend`` ``bm25s`` or ``pyserini``). A finished index in ``out`` raises
     :class:`IndexExistsError` unless ``force`` (which deletes what a build writes there, nothing
     else). An unfinished one is resumed when its settings match, else :class:`BuildMismatchError`.
-    Returns the finished index's :class:`IndexMeta`.
+    ``show_progress`` shows progress bars and, on stderr, a line before each slow step (loading
+    the encoder, counting the corpus, building the index). Returns the finished index's
+    :class:`IndexMeta`.
     """
     if kind not in INDEX_KINDS:
         raise ValueError(f"unknown index kind {kind!r}; choose one of {', '.join(INDEX_KINDS)}")
@@ -195,8 +200,20 @@ def build_index(
         )
     out.mkdir(parents=True, exist_ok=True)
 
+    def step(message: str) -> None:
+        # said before the work, which can take minutes on a large corpus (the encoder's
+        # imports and weights alone take 10-60 s)
+        if show_progress:
+            _log(message)
+
     dense = kind != "bm25"
-    enc = _open_encoder(encoder, device, batch_size) if dense else None
+    enc = None
+    if dense:
+        from agentgym.retrieval.encoder import DEFAULT_ENCODER, Encoder
+
+        if not isinstance(encoder, Encoder):
+            step(f"loading the encoder {os.fspath(encoder or DEFAULT_ENCODER)}")
+        enc = _open_encoder(encoder, device, batch_size)
     settings = {
         "kind": kind,
         "corpus": str(corpus),
@@ -213,6 +230,7 @@ def build_index(
     docs_dir, emb_dir = out / "docs", out / "embeddings"
     store_done = (docs_dir / "docstore.json").is_file()
     if not store_done or dense:
+        step(f"counting the documents in {corpus}")
         total = count_records(corpus)
         if total == 0:
             raise ValueError(f"corpus {corpus} holds no records; nothing to index")
@@ -243,6 +261,7 @@ def build_index(
 
     # INDEX: from the embedding shards (dense) or the stored contents (bm25)
     started = time.perf_counter()
+    step(f"building the {kind} index over {len(store)} documents")
     if dense:
         dim = _build_dense(kind, emb_dir, out / "dense.index", len(store), seed, show_progress)
     else:
@@ -382,16 +401,21 @@ def open_index(
     """
     index_dir = Path(index_dir)
     meta = read_meta(index_dir)
+    # each slow step is logged (INFO, "agentgym.retrieval.build") before it starts, so a server
+    # that takes a minute to come up says what it is loading
+    logger.info("opening the document store %s (%d documents)", index_dir / "docs", meta.num_docs)
     store = DocStore(index_dir / "docs")
     if not meta.dense:
         from agentgym.retrieval.sparse import BM25Index, BM25Retriever
 
+        logger.info("loading the %s BM25 index %s", meta.backend, index_dir / "bm25")
         return BM25Retriever(BM25Index.load(index_dir / "bm25", mmap=mmap), store, **kwargs)
 
     from agentgym.retrieval.dense import DenseIndex, DenseRetriever
     from agentgym.retrieval.encoder import Encoder
 
     if not isinstance(encoder, Encoder):
+        logger.info("loading the query encoder %s", os.fspath(encoder or meta.encoder))
         prefixes = (meta.query_prefix or "", meta.passage_prefix or "")
         encoder = Encoder(
             encoder or meta.encoder,
@@ -399,7 +423,15 @@ def open_index(
             max_length=meta.max_length or 256,
             prefixes=prefixes if encoder is None else None,
         )
+    index_path = index_dir / "dense.index"
+    logger.info(
+        "loading the %s index %s (%.0f MB%s)",
+        meta.kind,
+        index_path,
+        index_path.stat().st_size / 1e6 if index_path.is_file() else 0,
+        ", memory-mapped" if mmap and meta.kind != "ivfpq" else "",  # IVF lists are read
+    )
     index = DenseIndex.load(
-        index_dir / "dense.index", meta.kind, mmap=mmap, device=device, search_path=search_path
+        index_path, meta.kind, mmap=mmap, device=device, search_path=search_path
     )
     return DenseRetriever(index, encoder, store, **kwargs)

@@ -3,6 +3,8 @@
 agentgym retrieval index --corpus wiki-18.jsonl --kind flat --encoder DIR --out idx/e5-flat
 agentgym retrieval index --corpus wiki-18.jsonl --kind bm25 --backend pyserini --out idx/bm25
 agentgym retrieval serve --index idx/e5-flat --port 8000 --threads 4 --max-topk 50
+
+``agentgym retrieval index --help`` and ``serve --help`` list every option with its default.
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         problems.append(f"--max-batch must be >= 1, got {args.max_batch}")
     if args.batch_wait_ms < 0:
         problems.append(f"--batch-wait-ms must be >= 0, got {args.batch_wait_ms}")
+    for flag in ("max_queries", "max_results", "max_query_chars", "chunk_queries"):
+        if getattr(args, flag) < 1:
+            problems.append(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if not args.client_timeout_s > 0:
+        problems.append(f"--client-timeout-s must be > 0, got {args.client_timeout_s}")
     if problems:
         for problem in problems:
             print(f"agentgym retrieval serve: error: {problem}", file=sys.stderr)
@@ -76,13 +83,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         adaptive_batch=not args.fixed_batch,
         max_topk=args.max_topk,
         default_topk=args.default_topk,
+        max_queries_per_request=args.max_queries,
+        max_results_per_request=args.max_results,
+        max_query_chars=args.max_query_chars,
+        chunk_queries=args.chunk_queries,
+        client_timeout_s=args.client_timeout_s,
         threads=args.threads,
     )
     return 0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Add the ``retrieval`` command and its sub-commands to the main parser."""
+    """Add the ``retrieval`` command and its sub-commands to the main parser.
+
+    Every option's help ends with its default, where it has one.
+    """
     p = sub.add_parser("retrieval", help="build search indexes and serve them over HTTP")
     rsub = p.add_subparsers(dest="retrieval_command", required=True)
 
@@ -94,38 +109,78 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "its last finished shard; DIR/meta.json marks a finished index.",
     )
     pi.add_argument("--corpus", required=True, help="JSONL corpus (plain or .gz)")
-    pi.add_argument("--kind", choices=["flat", "hnsw", "ivfpq", "bm25"], default="flat")
+    pi.add_argument(
+        "--kind",
+        choices=["flat", "hnsw", "ivfpq", "bm25"],
+        default="flat",
+        help="flat, hnsw, ivfpq: dense (FAISS, needs an encoder); bm25: sparse "
+        "(default: %(default)s)",
+    )
     pi.add_argument(
         "--encoder",
         default=None,
         help="dense kinds: a sentence-transformers / transformers folder, or a hub name already "
-        "in the local cache (default intfloat/e5-base-v2)",
+        "in the local cache (default: intfloat/e5-base-v2)",
     )
-    pi.add_argument("--backend", choices=["bm25s", "pyserini"], default="bm25s", help="bm25 only")
+    pi.add_argument(
+        "--backend",
+        choices=["bm25s", "pyserini"],
+        default="bm25s",
+        help="bm25 only (default: %(default)s)",
+    )
     pi.add_argument("--out", required=True, help="index directory")
     pi.add_argument("--force", action="store_true", help="rebuild over a finished index")
     pi.add_argument(
-        "--shard-size", type=int, default=50_000, help="records per resumable shard (50000)"
+        "--shard-size",
+        type=int,
+        default=50_000,
+        help="records per resumable shard (default: %(default)s)",
     )
-    pi.add_argument("--batch-size", type=int, default=256, help="encoder batch size (256)")
-    pi.add_argument("--device", default=None, help="encoder device (default: cuda if available)")
-    pi.add_argument("--quiet", action="store_true", help="no progress bar")
+    pi.add_argument(
+        "--batch-size", type=int, default=256, help="encoder batch size (default: %(default)s)"
+    )
+    pi.add_argument(
+        "--device", default=None, help="encoder device (default: cuda if available, else cpu)"
+    )
+    pi.add_argument("--quiet", action="store_true", help="no progress bars or loading messages")
     pi.set_defaults(func=cmd_index)
 
-    ps = rsub.add_parser("serve", help="serve an index over HTTP (POST /retrieve)")
+    ps = rsub.add_parser(
+        "serve",
+        help="serve an index over HTTP (POST /retrieve)",
+        description="Serve an index with Search-R1's /retrieve protocol. The server has no "
+        "authentication: keep the default loopback --host unless a firewall or an "
+        "authenticating proxy guards the port.",
+    )
     ps.add_argument("--index", required=True, help="index directory built by `retrieval index`")
-    ps.add_argument("--host", default="127.0.0.1")
-    ps.add_argument("--port", type=int, default=8000)
-    ps.add_argument("--encoder", default=None, help="dense: override the index's encoder")
+    ps.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind; any other than loopback is reachable by others, with no "
+        "authentication (default: %(default)s)",
+    )
+    ps.add_argument(
+        "--port", type=int, default=8000, help="port to listen on (default: %(default)s)"
+    )
+    ps.add_argument(
+        "--encoder",
+        default=None,
+        help="dense: override the index's query encoder (default: the one it was built with)",
+    )
     ps.add_argument(
         "--batch-wait-ms",
         type=float,
         default=0.0,
-        help="hold a batch open this long for more requests (default 0: a batch goes out as "
-        "soon as the previous search ends; under load that already makes large batches)",
+        help="hold a batch open this long for more requests; 0: a batch goes out as soon as the "
+        "previous search ends, under load that already makes large batches (default: "
+        "%(default)s)",
     )
     ps.add_argument(
-        "--max-batch", type=int, default=512, help="most queries per search (1: no merging)"
+        "--max-batch",
+        type=int,
+        default=512,
+        help="most queries of several requests merged into one search; 1: no merging "
+        "(default: %(default)s)",
     )
     ps.add_argument(
         "--fixed-batch",
@@ -134,10 +189,48 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "cost says large batches gain nothing",
     )
     ps.add_argument(
-        "--max-topk", type=int, default=100, help="largest topk a request may ask for (100)"
+        "--max-topk",
+        type=int,
+        default=100,
+        help="largest topk a request may ask for (default: %(default)s)",
     )
     ps.add_argument(
-        "--default-topk", type=int, default=3, help="topk of requests that leave it out (3)"
+        "--default-topk",
+        type=int,
+        default=3,
+        help="topk of requests that leave it out (default: %(default)s)",
+    )
+    ps.add_argument(
+        "--max-queries",
+        type=int,
+        default=4096,
+        help="most queries in one request; more is a 413 (default: %(default)s)",
+    )
+    ps.add_argument(
+        "--max-results",
+        type=int,
+        default=65_536,
+        help="most results (queries x topk) in one request; more is a 413 (default: %(default)s)",
+    )
+    ps.add_argument(
+        "--max-query-chars",
+        type=int,
+        default=4096,
+        help="longest query string; longer is a 413 (default: %(default)s)",
+    )
+    ps.add_argument(
+        "--chunk-queries",
+        type=int,
+        default=64,
+        help="a request with more queries is searched in chunks of this many, taking turns with "
+        "other requests so that it never stalls them (default: %(default)s)",
+    )
+    ps.add_argument(
+        "--client-timeout-s",
+        type=float,
+        default=30.0,
+        help="a connection that sends no complete request within this long (after connecting, "
+        "or after its last answer) is closed (default: %(default)s)",
     )
     ps.add_argument(
         "--threads",

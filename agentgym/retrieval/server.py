@@ -12,6 +12,10 @@ path, this one answers it. Defaults are Search-R1's: ``topk`` absent (or ``null`
 server's ``default_topk`` (3, Search-R1's ``--topk`` default); ``return_scores`` absent means
 ``false``.
 
+Security: the server has no authentication. It binds 127.0.0.1 by default; binding any other
+address (``--host 0.0.0.0``) lets everyone who can reach the port query it, and the server says
+so in one warning line at start-up. Put it behind a firewall or an authenticating proxy there.
+
 Where we are stricter than Search-R1 (its pydantic model coerces and ignores): ``queries`` must be
 a non-empty list of strings, ``topk`` an integer in ``1..max_topk`` (``true``, ``3.0``, ``"3"``
 and ``0`` are rejected, not coerced), ``return_scores`` a boolean, and **unknown fields are
@@ -21,10 +25,18 @@ fallback to the default depth. Every rejection is a 4xx whose JSON body is
 
 ====  ==========================================================================================
 400   the body is not a JSON object (not JSON, bad UTF-8, a list, nested too deep)
-413   the body, the number of queries or one query's length is over the server's limits
+408   the body did not arrive within ``client_timeout_s`` (the connection is closed)
+413   over the server's limits: the body's size, the number of queries, one query's length, or
+      the results asked for (queries x topk)
 422   a field has the wrong type or value, is missing, or is unknown
 500   the retriever raised while searching; ``detail`` carries its message
 ====  ==========================================================================================
+
+Limits (arguments of :func:`create_app`, options of ``agentgym retrieval serve``; all in
+``/health``): ``max_queries_per_request`` (4096; Search-R1 sends one request per turn holding
+every active trajectory's query), ``max_topk`` (100), ``max_results_per_request`` (65536 =
+queries x topk: the response's size, about 250 bytes a result, and the server's work for it) and
+``max_query_chars`` (4096).
 
 ``GET /health`` answers ``{"status": "ok", ...}`` with the retriever's type, the limits and
 counters (requests, queries, searches) that show how well batching works.
@@ -36,9 +48,16 @@ goes out as soon as the worker thread is free (``batch_wait_ms=0``): whatever qu
 previous search is the next batch, so batches grow with the load by themselves and a lone client
 never waits for company that is not coming. ``batch_wait_ms > 0`` holds a batch open that long
 after its first request arrived (or until it holds ``max_batch_queries`` queries).
-``max_batch_queries=1`` turns merging off (every request is searched alone, how Search-R1's
-server works). If a merged search raises, each of its requests is retried alone, so one query
+``max_batch_queries=1`` turns merging off (every request is searched on its own, how Search-R1's
+server works, in chunks if it is large). If a merged search raises, each of its requests is retried alone, so one query
 that breaks the retriever fails only its own request.
+
+Large requests take turns. A request of more than ``chunk_queries`` queries (or more than the
+adaptive batch cap below) is searched in chunks of that many, one chunk per search, and after
+each chunk it goes to the back of the queue, behind the requests that arrived meanwhile. So a
+small request is searched in the search after the one in progress (unless more than a batch of
+requests came before it), never after the whole of a large request. The answer of a chunked request is sent whole once its last chunk is searched. A client that hangs
+up is withdrawn: its remaining chunks are never searched.
 
 Batch size follows the retriever's cost (``adaptive_batch=True``, the default). Merging pays
 for a retriever with a fixed cost per call (a GPU encoder's launch, a forward pass's setup);
@@ -54,6 +73,11 @@ large batches, BM25 streams small ones, and a long queue goes out as several sea
 answers leave in turn. A CPU query encoder sits in between: its cost grows with the batch, so
 it gets moderate batches.
 
+Slow or silent clients: a connection must deliver a request's head within ``client_timeout_s``
+(30 s) of opening or of its previous answer, and the body within as long again, else it is
+closed (a body cut short gets a 408 first); idle keep-alive connections close after uvicorn's
+``timeout_keep_alive`` (5 s). A search that takes longer never closes its client's connection.
+
 Searching and JSON encoding run in one worker thread, never on the event loop, so the server
 keeps accepting connections and answering ``/health`` during a long search. Documents are
 encoded once and cached (the corpus is read-only), so a response is mostly a join of cached bytes.
@@ -63,6 +87,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import math
@@ -110,6 +135,7 @@ class _Limits:
     max_topk: int
     max_queries_per_request: int
     max_query_chars: int
+    max_results_per_request: int
 
     @property
     def max_body_bytes(self) -> int:
@@ -196,6 +222,13 @@ def parse_request(body: bytes, limits: _Limits) -> _Query:
         raise _BadRequest(
             422, f"'topk' must be between 1 and {limits.max_topk} on this server, got {topk}"
         )
+    if len(queries) * topk > limits.max_results_per_request:
+        raise _BadRequest(
+            413,
+            f"too many results: {len(queries)} queries x topk {topk} = {len(queries) * topk} in "
+            f"one request, this server returns at most {limits.max_results_per_request}; split "
+            "the queries over several requests or ask for a smaller topk",
+        )
 
     return_scores = payload.get("return_scores", False)  # Search-R1's default
     if type(return_scores) is not bool:
@@ -253,6 +286,17 @@ def encode_result(
     hits: Sequence[Sequence[Hit]], return_scores: bool, cache: _DocumentCache
 ) -> bytes:
     """The ``/retrieve`` response body for ``hits`` (one list per query), as UTF-8 JSON bytes."""
+    return _result_body(_encode_rows(hits, return_scores, cache))
+
+
+def _result_body(rows: Sequence[bytes]) -> bytes:
+    return b'{"result":[' + b",".join(rows) + b"]}"
+
+
+def _encode_rows(
+    hits: Sequence[Sequence[Hit]], return_scores: bool, cache: _DocumentCache
+) -> list[bytes]:
+    """One encoded JSON list per query (a chunked request's answer is the join of its chunks')."""
     rows = []
     for query_hits in hits:
         if return_scores:
@@ -267,7 +311,7 @@ def encode_result(
         else:
             items = [cache.encode(h.doc_id, h.document) for h in query_hits]
         rows.append(b"[" + b",".join(items) + b"]")
-    return b'{"result":[' + b",".join(rows) + b"]}"
+    return rows
 
 
 def _error_body(message: str) -> bytes:
@@ -278,11 +322,32 @@ def _error_body(message: str) -> bytes:
 # Micro-batching
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Pending:
+    """A request in the batcher, searched one chunk at a time."""
+
     query: _Query
     future: asyncio.Future[tuple[int, bytes]]
     arrived_at: float
+    searched: int = 0  # queries handed to a search so far
+    rows: list[bytes] = field(default_factory=list)  # encoded result rows of the searched ones
+
+    @property
+    def remaining(self) -> int:
+        return len(self.query.queries) - self.searched
+
+
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    """Queries ``start:stop`` of a request, searched together (maybe with other chunks)."""
+
+    pending: _Pending
+    start: int
+    stop: int
+
+    @property
+    def queries(self) -> list[str]:
+        return self.pending.query.queries[self.start : self.stop]
 
 
 @dataclass(slots=True)
@@ -346,7 +411,8 @@ class _SearchCost:
 
 
 class _Batcher:
-    """Merges concurrent requests into one ``retriever.search`` per batch.
+    """Merges concurrent requests into one ``retriever.search`` per batch, and splits large
+    requests into chunks that take turns with the others (see the module docstring).
 
     Runs as one task on the server's event loop; the searches (and the encoding of their
     responses) run one at a time in a single worker thread, so the retriever is never called
@@ -360,6 +426,7 @@ class _Batcher:
         batch_wait_s: float,
         stats: _Stats,
         adaptive: bool = True,
+        chunk_queries: int = 64,
     ) -> None:
         self.retriever = retriever
         self.max_batch_queries = max_batch_queries
@@ -368,16 +435,32 @@ class _Batcher:
         self.batch_cap = max_batch_queries
         self.adaptive = adaptive and max_batch_queries > _MIN_ADAPTIVE_BATCH
         self.cost = _SearchCost()
+        self.chunk_queries = chunk_queries
         self.batch_wait_s = batch_wait_s
         self.stats = stats
         self.cache = _DocumentCache()
+        # requests with queries still to search, in turn order; a request whose chunk is being
+        # searched is not here (it comes back at the end if it has more)
         self._queue: deque[_Pending] = deque()
         self._queued_queries = 0
+        self._in_search: list[_Chunk] = []
         # wakes the dispatcher: set by the first request into an empty queue, by the request
         # that fills a batch, and by the batch window's timer; not by every arrival
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieval-search")
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def chunk_limit(self) -> int:
+        """The most queries of one request in one search: ``chunk_queries``, and no more than
+        the adaptive cap (a cheap-per-call retriever streams large requests in small chunks)."""
+        return min(self.chunk_queries, self.batch_cap) if self.adaptive else self.chunk_queries
+
+    @property
+    def waiting_requests(self) -> int:
+        """Requests accepted and not answered yet (queued, or in the search now running)."""
+        waiting = [*self._queue, *(c.pending for c in self._in_search)]
+        return sum(1 for p in waiting if not p.future.done())
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="retrieval-batcher")
@@ -387,21 +470,27 @@ class _Batcher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for p in self._queue:
+        shutting_down = (503, _error_body("the server is shutting down; retry"))
+        for p in [*self._queue, *(c.pending for c in self._in_search)]:
             if not p.future.done():
-                p.future.set_result((503, _error_body("the server is shutting down; retry")))
+                p.future.set_result(shutting_down)
         self._queue.clear()
+        self._in_search = []
         self._executor.shutdown(wait=True)
 
-    async def submit(self, query: _Query) -> tuple[int, bytes]:
-        """Queue ``query`` for the next batch; return its (HTTP status, JSON body)."""
+    def submit(self, query: _Query) -> asyncio.Future[tuple[int, bytes]]:
+        """Queue ``query``; the future gets its (HTTP status, JSON body). Cancelling the future
+        withdraws the request: its chunks not searched yet never are."""
         loop = asyncio.get_running_loop()
         pending = _Pending(query, loop.create_future(), loop.time())
+        self._enqueue(pending)
+        return pending.future
+
+    def _enqueue(self, pending: _Pending) -> None:
         self._queue.append(pending)
-        self._queued_queries += len(query.queries)
+        self._queued_queries += pending.remaining
         if len(self._queue) == 1 or self._queued_queries >= self.batch_cap:
             self._wake.set()
-        return await pending.future
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -423,31 +512,44 @@ class _Batcher:
             batch = self._take_batch()
             if not batch:
                 continue
+            self._in_search = batch
             try:
                 answers = await loop.run_in_executor(self._executor, self._answer, batch)
             except Exception as e:  # noqa: BLE001 - a failed batch must not stop the server
                 logger.exception("retrieval batch failed")
-                answers = [(500, _error_body(f"search failed: {type(e).__name__}: {e}"))] * len(
-                    batch
-                )
-            for p, answer in zip(batch, answers, strict=True):
-                if not p.future.done():  # its client may have gone away meanwhile
+                failed = (500, _error_body(f"search failed: {type(e).__name__}: {e}"))
+                answers = [failed] * len(batch)
+            self._in_search = []
+            for chunk, answer in zip(batch, answers, strict=True):
+                p = chunk.pending
+                if p.future.done():  # its client has gone away meanwhile
+                    continue
+                if answer is None:
+                    # more chunks to search: back of the queue, behind whoever came meanwhile
+                    self._enqueue(p)
+                else:
                     p.future.set_result(answer)
 
-    def _take_batch(self) -> list[_Pending]:
-        """Pop requests in arrival order up to ``batch_cap`` queries (at least one request)."""
-        batch: list[_Pending] = []
+    def _take_batch(self) -> list[_Chunk]:
+        """The next search's work: each queued request in turn gives its next chunk (at most
+        ``chunk_limit`` queries) while the batch stays within ``batch_cap`` queries (it holds at
+        least one chunk). A request gives one chunk per search."""
+        limit = self.chunk_limit
+        batch: list[_Chunk] = []
         n = 0
         while self._queue:
             p = self._queue[0]
-            size = len(p.query.queries)
+            if p.future.done():  # withdrawn while queued: nobody is waiting for it
+                self._queue.popleft()
+                self._queued_queries -= p.remaining
+                continue
+            size = min(p.remaining, limit)
             if batch and n + size > self.batch_cap:
                 break
             self._queue.popleft()
-            self._queued_queries -= size
-            if p.future.done():  # cancelled while queued: nobody is waiting for it
-                continue
-            batch.append(p)
+            self._queued_queries -= p.remaining
+            batch.append(_Chunk(p, p.searched, p.searched + size))
+            p.searched += size
             n += size
         return batch
 
@@ -472,41 +574,51 @@ class _Batcher:
         self.stats.searches += 1
         return hits
 
-    def _answer(self, batch: list[_Pending]) -> list[tuple[int, bytes]]:
-        """Search the whole batch at once and encode every request's response."""
-        queries = [q for p in batch for q in p.query.queries]
-        topk = max(p.query.topk for p in batch)
-        self.stats.requests += len(batch)
+    def _answer(self, batch: list[_Chunk]) -> list[tuple[int, bytes] | None]:
+        """Search the whole batch at once; per chunk, its request's answer if that was its last
+        chunk, else None (its rows are kept until the rest is searched)."""
+        queries = [q for c in batch for q in c.queries]
+        topk = max(c.pending.query.topk for c in batch)
+        self.stats.requests += sum(1 for c in batch if c.start == 0)
         self.stats.queries += len(queries)
         self.stats.largest_batch_queries = max(self.stats.largest_batch_queries, len(queries))
         try:
             hits = self._search(queries, topk)
         except Exception as e:  # noqa: BLE001 - answered as a 500 below
             if len(batch) == 1:
-                self.stats.failed_requests += 1
-                logger.warning("search failed: %s: %s", type(e).__name__, e)
-                return [(500, _error_body(f"search failed: {type(e).__name__}: {e}"))]
-            # one bad query must not fail its neighbours: search each request alone
-            return [self._answer_alone(p) for p in batch]
+                return [self._failed(e)]
+            # one bad query must not fail its neighbours: search each chunk alone
+            return [self._answer_alone(c) for c in batch]
         answers = []
         start = 0
-        for p in batch:
-            n = len(p.query.queries)
-            mine = [h[: p.query.topk] for h in hits[start : start + n]]
+        for c in batch:
+            n = c.stop - c.start
+            answers.append(self._keep(c, hits[start : start + n]))
             start += n
-            answers.append((200, encode_result(mine, p.query.return_scores, self.cache)))
         return answers
 
-    def _answer_alone(self, p: _Pending) -> tuple[int, bytes]:
+    def _answer_alone(self, c: _Chunk) -> tuple[int, bytes] | None:
         try:
-            hits = self._search(p.query.queries, p.query.topk)
+            hits = self._search(c.queries, c.pending.query.topk)
         except Exception as e:  # noqa: BLE001 - answered as a 500
-            self.stats.failed_requests += 1
-            logger.warning("search failed: %s: %s", type(e).__name__, e)
-            return 500, _error_body(f"search failed: {type(e).__name__}: {e}")
-        return 200, encode_result(
-            [h[: p.query.topk] for h in hits], p.query.return_scores, self.cache
-        )
+            return self._failed(e)
+        return self._keep(c, hits)
+
+    def _keep(self, c: _Chunk, hits: list[list[Hit]]) -> tuple[int, bytes] | None:
+        """Encode a chunk's rows into its request; the whole answer once the last chunk is in."""
+        p = c.pending
+        topk = p.query.topk
+        p.rows.extend(_encode_rows([h[:topk] for h in hits], p.query.return_scores, self.cache))
+        if c.stop < len(p.query.queries):
+            return None
+        body = _result_body(p.rows)
+        p.rows = []
+        return 200, body
+
+    def _failed(self, e: Exception) -> tuple[int, bytes]:
+        self.stats.failed_requests += 1
+        logger.warning("search failed: %s: %s", type(e).__name__, e)
+        return 500, _error_body(f"search failed: {type(e).__name__}: {e}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -521,14 +633,17 @@ def create_app(
     default_topk: int = 3,
     max_queries_per_request: int = 4096,
     max_query_chars: int = 4096,
+    max_results_per_request: int = 65_536,
     adaptive_batch: bool = True,
+    chunk_queries: int = 64,
+    client_timeout_s: float | None = 30.0,
 ) -> FastAPI:
     """A FastAPI app serving ``retriever`` with Search-R1's ``/retrieve`` protocol.
 
     Args:
         retriever: answers ``search(queries, topk)``; the app does not close it.
-        max_batch_queries: the most queries merged into one search; ``1`` searches every
-            request alone (no merging). A single request larger than this is searched alone.
+        max_batch_queries: the most queries merged from several requests into one search;
+            ``1`` searches every request on its own (no merging).
         batch_wait_ms: how long a batch stays open after its first request arrives, waiting
             for more; ``0`` (the default) sends whatever has queued up as soon as the worker is
             free, which under load already makes large batches without delaying a lone client.
@@ -536,9 +651,17 @@ def create_app(
         default_topk: ``topk`` for requests that leave it out (Search-R1's default, 3).
         max_queries_per_request: more queries in one request is a 413.
         max_query_chars: a longer query string is a 413.
+        max_results_per_request: a request whose queries x topk is larger is a 413.
         adaptive_batch: cap batches below ``max_batch_queries`` where the retriever's measured
             cost per call says larger ones gain nothing (BM25); ``False`` always merges up to
             ``max_batch_queries``.
+        chunk_queries: a request with more queries is searched in chunks of this many (fewer
+            where the adaptive cap is lower), which take turns with other requests.
+        client_timeout_s: how long a connection may take to send a request's head (from
+            opening, or from its previous answer) and then its body; a slower one is closed.
+            ``None``: no limit. The head's limit lives in the HTTP protocol that :func:`serve`
+            and :func:`serve_in_thread` give uvicorn; another ASGI server enforces only the
+            body's.
 
     The micro-batcher starts and stops with the app's lifespan (uvicorn runs it).
     """
@@ -548,14 +671,31 @@ def create_app(
         raise ValueError(f"batch_wait_ms must be >= 0, got {batch_wait_ms}")
     if not 1 <= default_topk <= max_topk:
         raise ValueError(f"default_topk must be in 1..max_topk={max_topk}, got {default_topk}")
-    limits = _Limits(default_topk, max_topk, max_queries_per_request, max_query_chars)
+    for name, value in (
+        ("max_queries_per_request", max_queries_per_request),
+        ("max_query_chars", max_query_chars),
+        ("max_results_per_request", max_results_per_request),
+        ("chunk_queries", chunk_queries),
+    ):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if client_timeout_s is not None and client_timeout_s <= 0:
+        raise ValueError(f"client_timeout_s must be > 0 (or None), got {client_timeout_s}")
+    limits = _Limits(
+        default_topk, max_topk, max_queries_per_request, max_query_chars, max_results_per_request
+    )
     stats = _Stats(batch_cap=max_batch_queries)
     state: dict[str, _Batcher] = {}
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         batcher = _Batcher(
-            retriever, max_batch_queries, batch_wait_ms / 1000.0, stats, adaptive=adaptive_batch
+            retriever,
+            max_batch_queries,
+            batch_wait_ms / 1000.0,
+            stats,
+            adaptive=adaptive_batch,
+            chunk_queries=chunk_queries,
         )
         batcher.start()
         state["batcher"] = batcher
@@ -568,23 +708,32 @@ def create_app(
         # The body is read and checked by hand (not a pydantic model) so that every mistake
         # gets one plain message and no value is silently coerced.
         try:
-            body = await _receive_body(scope, receive, limits.max_body_bytes)
+            body = await _receive_body(scope, receive, limits.max_body_bytes, client_timeout_s)
             query = parse_request(body, limits)
         except _BadRequest as e:
             status, payload = e.status, _error_body(str(e))
         except _ClientGone:
             return
         else:
-            status, payload = await state["batcher"].submit(query)
-        # (uvicorn drops the answer quietly if the client has gone away meanwhile)
+            answer = await _answer_unless_gone(state["batcher"].submit(query), receive)
+            if answer is None:
+                return
+            status, payload = answer
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", b"%d" % len(payload)),
         ]
+        if status == 408:  # the rest of a late body may still come: do not read it as a request
+            headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 
-    app = _RetrievalApp(retrieve, title="agentgym retrieval server", lifespan=lifespan)
+    app = _RetrievalApp(
+        retrieve,
+        client_timeout_s=client_timeout_s,
+        title="agentgym retrieval server",
+        lifespan=lifespan,
+    )
     description = describe_retriever(retriever)
 
     @app.get("/health")
@@ -602,6 +751,10 @@ def create_app(
                 "max_topk": max_topk,
                 "max_queries_per_request": max_queries_per_request,
                 "max_query_chars": max_query_chars,
+                "max_results_per_request": max_results_per_request,
+                "chunk_queries": chunk_queries,
+                "client_timeout_s": client_timeout_s,
+                "waiting_requests": state["batcher"].waiting_requests if state else 0,
                 "requests": stats.requests,
                 "queries": stats.queries,
                 "searches": stats.searches,
@@ -619,8 +772,11 @@ class _ClientGone(Exception):
     """The client disconnected before its request body arrived."""
 
 
-async def _receive_body(scope: Scope, receive: Receive, max_bytes: int) -> bytes:
-    """The request body, refused with a 413 as soon as it grows past ``max_bytes``."""
+async def _receive_body(
+    scope: Scope, receive: Receive, max_bytes: int, timeout_s: float | None = None
+) -> bytes:
+    """The request body, refused with a 413 as soon as it grows past ``max_bytes`` and with a
+    408 if it has not all arrived within ``timeout_s``."""
     for name, value in scope["headers"]:
         if name == b"content-length" and value.isdigit() and int(value) > max_bytes:
             raise _BadRequest(
@@ -628,17 +784,46 @@ async def _receive_body(scope: Scope, receive: Receive, max_bytes: int) -> bytes
             )
     chunks = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > max_bytes:
-            raise _BadRequest(413, f"body is over this server's {max_bytes} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _ClientGone
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > max_bytes:
+                    raise _BadRequest(413, f"body is over this server's {max_bytes} bytes")
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+    except TimeoutError:
+        raise _BadRequest(
+            408,
+            f"the request body did not arrive within {timeout_s:g} s ({size} bytes came); "
+            "send the whole request at once",
+        ) from None
+
+
+async def _answer_unless_gone(
+    answer: asyncio.Future[tuple[int, bytes]], receive: Receive
+) -> tuple[int, bytes] | None:
+    """The batcher's answer, or None if the client hangs up first (then the request is
+    withdrawn, so a large request whose client gave up stops taking turns)."""
+
+    async def hang_up() -> None:
+        # the body has been read: the next message is the disconnect, whenever it comes
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    gone = asyncio.ensure_future(hang_up())
+    try:
+        await asyncio.wait((answer, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not answer.done():  # the client left, or this handler is being cancelled
+            answer.cancel()
+    return None if answer.cancelled() else answer.result()
 
 
 class _RetrievalApp(FastAPI):
@@ -650,9 +835,10 @@ class _RetrievalApp(FastAPI):
     Everything else (``/health``, 404s, 405s, the lifespan) goes through FastAPI as usual.
     """
 
-    def __init__(self, retrieve: ASGIApp, **kwargs: Any) -> None:
+    def __init__(self, retrieve: ASGIApp, *, client_timeout_s: float | None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._retrieve = retrieve
+        self.client_timeout_s = client_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == "/retrieve":
@@ -699,7 +885,10 @@ def serve_in_thread(
     """
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    _warn_if_exposed(host)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", access_log=False, **_uvicorn_options(app)
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="retrieval-server", daemon=True)
     thread.start()
@@ -715,6 +904,80 @@ def serve_in_thread(
         time.sleep(0.005)
     bound_port = server.servers[0].sockets[0].getsockname()[1]
     return BackgroundServer(server, thread, f"http://{host}:{bound_port}")
+
+
+def _uvicorn_options(app: ASGIApp) -> dict[str, Any]:
+    """What uvicorn needs besides the defaults to serve ``app``: for an app with a
+    ``client_timeout_s``, an HTTP protocol that closes connections that send no complete request
+    head within it."""
+    timeout_s = getattr(app, "client_timeout_s", None)
+    return {} if timeout_s is None else {"http": _request_deadline_protocol(timeout_s)}
+
+
+def _request_deadline_protocol(timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (h11 or httptools, whichever it picks), closing a connection that
+    has not sent a whole request head ``timeout_s`` after opening or after its last answer.
+
+    uvicorn's own ``timeout_keep_alive`` starts only after a first answer, so a client that
+    connects and sends nothing, or half a head, would hold its socket (and a file descriptor)
+    for ever; many such clients exhaust the server. The deadline is not moved by the bytes that
+    trickle in, so sending one byte now and then does not keep a connection. Once a head is in,
+    the app has the request: its body has the app's own deadline, and a search that takes long
+    never closes the connection.
+    """
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class RequestDeadlineProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._deadline = self.loop.call_later(timeout_s, self._expire)
+
+        def _expire(self) -> None:
+            self._deadline = None
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                return  # a request is in; answering it re-arms the deadline
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return RequestDeadlineProtocol
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def _warn_if_exposed(host: str) -> None:
+    """One warning line when ``host`` is not a loopback address: the server has no
+    authentication, so everyone who can reach the port can use it."""
+    if not _is_loopback(host):
+        logger.warning(
+            "serving on %s, which other machines may reach: this server has no authentication, "
+            "so anyone who can reach the port can query it; bind 127.0.0.1 (the default) unless "
+            "a firewall or an authenticating proxy guards it",
+            host,
+        )
 
 
 def describe_retriever(retriever: Retriever) -> list[str]:
@@ -761,14 +1024,20 @@ def serve(
     batch_wait_ms: float = 0.0,
     max_topk: int = 100,
     default_topk: int = 3,
+    max_queries_per_request: int = 4096,
+    max_results_per_request: int = 65_536,
+    max_query_chars: int = 4096,
+    chunk_queries: int = 64,
+    client_timeout_s: float | None = 30.0,
     adaptive_batch: bool = True,
     threads: int | None = None,
     access_log: bool = False,
 ) -> None:
     """Load the index in ``index_dir`` and serve it over HTTP until interrupted (Ctrl-C).
 
-    Binds ``host`` (loopback unless told otherwise: the server has no authentication).
-    ``encoder`` overrides the query encoder a dense index was built with. ``threads`` sets the
+    Binds ``host``: loopback unless told otherwise, because the server has no authentication
+    (another address gets a warning line). The batching, limit and timeout arguments are
+    :func:`create_app`'s. ``encoder`` overrides the query encoder a dense index was built with. ``threads`` sets the
     compute threads of torch (the query encoder) and FAISS (``None``: the libraries' defaults,
     one per core); on cores shared with other work, fewer threads keep one search from stalling
     whenever one of its threads is descheduled. Per-request access logs are off by default: at
@@ -779,9 +1048,11 @@ def serve(
     from agentgym.retrieval import open_retriever
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    _warn_if_exposed(host)  # before the load, which can take minutes
+    t0 = time.perf_counter()
+    logger.info("loading the index in %s", index_dir)
     if threads is not None:
         set_compute_threads(threads)
-    t0 = time.perf_counter()
     retriever = open_retriever(index_dir, encoder=encoder)
     logger.info(
         "serving %s from %s (loaded in %.1f s)%s",
@@ -791,24 +1062,41 @@ def serve(
         "".join(f"\n  {line}" for line in describe_retriever(retriever)),
     )
     logger.info(
-        "micro-batching %s (max %d queries per search%s, %.1f ms window); "
-        "POST http://%s:%d/retrieve",
+        "micro-batching %s (max %d queries per search%s, %.1f ms window); requests of at most "
+        "%d queries, topk %d, %d results (queries x topk), larger ones searched %d queries at a "
+        "time; POST http://%s:%d/retrieve",
         "off" if max_batch_queries == 1 else "on",
         max_batch_queries,
         ", fewer where the retriever gains nothing" if adaptive_batch else "",
         batch_wait_ms,
+        max_queries_per_request,
+        max_topk,
+        max_results_per_request,
+        chunk_queries,
         host,
         port,
     )
-    app = create_app(
-        retriever,
-        max_batch_queries=max_batch_queries,
-        batch_wait_ms=batch_wait_ms,
-        max_topk=max_topk,
-        default_topk=default_topk,
-        adaptive_batch=adaptive_batch,
-    )
     try:
-        uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log)
+        app = create_app(
+            retriever,
+            max_batch_queries=max_batch_queries,
+            batch_wait_ms=batch_wait_ms,
+            max_topk=max_topk,
+            default_topk=default_topk,
+            max_queries_per_request=max_queries_per_request,
+            max_results_per_request=max_results_per_request,
+            max_query_chars=max_query_chars,
+            chunk_queries=chunk_queries,
+            client_timeout_s=client_timeout_s,
+            adaptive_batch=adaptive_batch,
+        )
+        uvicorn.run(
+            app,
+            host=host,
+            port=port,
+            log_level="info",
+            access_log=access_log,
+            **_uvicorn_options(app),
+        )
     finally:
         retriever.close()

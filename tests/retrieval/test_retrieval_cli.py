@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -125,3 +127,104 @@ def test_serve_answers_over_http(corpus, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# ----------------------------------------------------------------------------------------------
+# Help texts and start-up messages
+
+
+def _retrieval_subparsers() -> dict[str, argparse.ArgumentParser]:
+    from agentgym.retrieval.cli import add_parser
+
+    parser = argparse.ArgumentParser(prog="agentgym")
+    add_parser(parser.add_subparsers())
+    (retrieval,) = (
+        a.choices["retrieval"] for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+    )
+    (sub,) = (a for a in retrieval._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+@pytest.mark.parametrize("command", ["index", "serve"])
+def test_help_shows_every_default(command):
+    parser = _retrieval_subparsers()[command]
+    text = " ".join(parser.format_help().split())  # argparse wraps lines anywhere
+    for action in parser._actions:
+        if not action.option_strings or action.nargs == 0 or action.required:
+            continue  # --help, flags, required options: no default to show
+        assert action.help and "(default:" in action.help, f"{action.option_strings} hides it"
+        if action.default is not None:
+            assert f"(default: {action.default})" in text, action.option_strings
+
+
+def test_index_help_names_the_default_kind():
+    out = agentgym_cmd("retrieval", "index", "--help")
+    assert out.returncode == 0 and "(default: flat)" in " ".join(out.stdout.split())
+
+
+def test_serve_defaults_are_the_servers():
+    import inspect
+
+    from agentgym.retrieval.server import create_app, serve
+
+    flags = {
+        "max_batch_queries": "max_batch",
+        "batch_wait_ms": "batch_wait_ms",
+        "max_topk": "max_topk",
+        "default_topk": "default_topk",
+        "max_queries_per_request": "max_queries",
+        "max_results_per_request": "max_results",
+        "max_query_chars": "max_query_chars",
+        "chunk_queries": "chunk_queries",
+        "client_timeout_s": "client_timeout_s",
+    }
+    parser = _retrieval_subparsers()["serve"]
+    for function in (create_app, serve):
+        params = inspect.signature(function).parameters
+        for name, dest in flags.items():
+            assert parser.get_default(dest) == params[name].default, (function.__name__, name)
+    assert parser.get_default("host") == inspect.signature(serve).parameters["host"].default
+
+
+def test_dense_build_and_open_say_what_they_load(corpus, tmp_path, tiny_encoder_dir, caplog):
+    out = tmp_path / "flat"
+    args = ["retrieval", "index", "--corpus", str(corpus), "--kind", "flat", "--out", str(out),
+            "--encoder", str(tiny_encoder_dir), "--device", "cpu"]  # fmt: skip
+    built = agentgym_cmd(*args)
+    assert built.returncode == 0, built.stderr
+    lines = built.stderr.splitlines()
+
+    def first(words: str) -> int:
+        return next(i for i, line in enumerate(lines) if words in line)
+
+    # a line before each slow step, in the order they run, the encoder first of all
+    assert first(f"loading the encoder {tiny_encoder_dir}") == 0
+    assert first("counting the documents in") < first("building the flat index over 400")
+    quiet = agentgym_cmd(*args, "--quiet", "--force")
+    assert quiet.returncode == 0 and "loading" not in quiet.stderr
+
+    from agentgym.retrieval import open_retriever
+
+    with caplog.at_level(logging.INFO, logger="agentgym.retrieval"):
+        open_retriever(out, device="cpu").close()
+    said = [r.getMessage() for r in caplog.records]
+    assert [m.split(" ")[:3] for m in said] == [
+        ["opening", "the", "document"],
+        ["loading", "the", "query"],
+        ["loading", "the", "flat"],
+    ]
+    assert str(tiny_encoder_dir) in said[1] and "MB, memory-mapped" in said[2]
+
+
+def test_faiss_loader_says_nothing_at_info():
+    # faiss logs the CPU builds it tries at INFO ("Could not load library with AVX512 support
+    # ..."), which reads like an error; with agentgym's retrieval it stays quiet
+    code = (
+        "import logging; logging.basicConfig(level=logging.INFO); "
+        "from agentgym.retrieval.dense import DenseIndex; DenseIndex.new('flat', 4)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr
+    assert "faiss" not in out.stderr, out.stderr
