@@ -1,6 +1,7 @@
-"""Env -> env transforms (LLM prompt rendering and output parsing) and the group-rollout vector env."""
+"""Env -> env transforms (LLM prompt rendering and output parsing); the group-rollout vector env,
+now in :mod:`agentgym.vector`, is re-exported here too."""
 
-from agentgym.wrappers.group import (
+from agentgym.vector import (
     EnvError,
     EnvFactory,
     GroupEnvSnapshot,
