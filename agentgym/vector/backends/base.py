@@ -4,7 +4,7 @@ thing that holds its envs (in this process, in a pool of worker processes, in Ra
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -33,6 +33,7 @@ EnvCommand = Literal["snapshot", "restore"]
 """per-env commands of :meth:`Backend.call_envs`"""
 
 
+@runtime_checkable
 class Backend(Protocol):
     """Runs ``reset`` / ``step`` / snapshot / restore on any subset of a vector env's envs.
 
