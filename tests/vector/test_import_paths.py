@@ -14,6 +14,7 @@ import agentgym.vector as vector
 import agentgym.wrappers
 import agentgym.wrappers.group as old_group
 from agentgym.vector import Backend, BackendName, GroupVectorEnv, InfoLayout, Step, Trajectory
+from agentgym.wrappers import ActionFormat, parse_action
 
 ENV = "AgentGym/Corridor-v0"
 
@@ -92,3 +93,9 @@ def test_literal_argument_types_name_every_accepted_value():
     assert typing.get_args(InfoLayout) == ("list", "gymnasium")
     with pytest.raises(ValueError, match="'inprocess', 'process' or 'ray'"):
         GroupVectorEnv(ENV, backend="threads")  # type: ignore[arg-type]
+    # the action formats of the LLM wrappers: every value the type names is accepted
+    assert typing.get_type_hints(parse_action)["fmt"] == ActionFormat
+    for fmt in typing.get_args(ActionFormat):
+        parse_action("<action>go</action>", fmt)
+    with pytest.raises(ValueError, match="unknown action format"):
+        parse_action("<action>go</action>", "xml")  # type: ignore[arg-type]
