@@ -44,9 +44,11 @@ class Backend(Protocol):
     reset). One env's failure never keeps the other envs from answering.
     """
 
-    owner: np.ndarray | None
-    """``(num_envs,)`` int: the worker that holds env ``i``, whose loss ends all its episodes;
-    None when every env lives in this process"""
+    @property
+    def owner(self) -> np.ndarray | None:
+        """``(num_envs,)`` int: the worker that holds env ``i``, whose loss ends all its
+        episodes; None when every env lives in this process."""
+        ...
 
     def reset(self, requests: Sequence[ResetRequest]) -> list[Any]:
         """Reset each requested env; returns ``ResetResult | Failure`` per request. A lost

@@ -23,7 +23,7 @@ def bootstrap_worker() -> None:
 class EnvHost:
     """Holds a shard of envs and answers ("reset" | "step", payload) commands.
 
-    Used as is by the in-process backend, inside each worker process, and as a Ray actor.
+    The in-process backend is one; each worker process holds one, and so does each Ray actor.
     Payloads: reset ``[(local_index, seed, options)]``, step ``[(local_index, action)]``. The
     answer has one entry per request: the env's result, or a :class:`Failure` if it raised
     (the other envs of the shard still run, so one bad env never desynchronises the rest).
