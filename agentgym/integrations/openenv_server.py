@@ -262,19 +262,13 @@ def _check_frame(message: dict) -> tuple[str | None, dict, str | None]:
         return _too_deep(), message, None
     except ValueError:
         return None, message, None  # OpenEnv answers INVALID_JSON itself
-    if not isinstance(value, dict):
-        kind = _JSON_KINDS.get(type(value), "value")
-        return (
-            (
-                f'a message is a JSON object such as {{"type": "step", "data": {{"text": "up"}}}}, '
-                f"got a JSON {kind}"
-            ),
-            message,
-            None,
-        )
     depth, surrogates = _walk(value)
     if depth > MAX_FRAME_DEPTH:
         return _too_deep(), message, None
+    if not isinstance(value, dict):
+        kind = _JSON_KINDS.get(type(value), "value")
+        example = '{"type": "step", "data": {"text": "up"}}'
+        return f"a message is a JSON object such as {example}, got a JSON {kind}", message, None
     if surrogates:
         message = dict(message, text=json.dumps(json_safe(value)))
     kind = value.get("type")
