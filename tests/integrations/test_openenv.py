@@ -405,8 +405,12 @@ def test_example_rolls_out_groups_over_the_wire(capsys):
     with running_server("AgentGym/Sokoban-v0", max_sessions=4) as (url, app):
         asyncio.run(example.rollout(url, groups=2, group_size=2, seed=0))
         wait_until_no_sessions(app)  # every session was closed (the server frees them just after)
-    out = capsys.readouterr().out
-    assert "4 episodes in 2 groups" in out and "steps/s over the wire" in out
+        out = capsys.readouterr().out
+        assert "4 episodes in 2 groups" in out and "steps/s over the wire" in out
+        asyncio.run(example.rollout(url, groups=1, group_size=2, seed=0, tools=True))
+        wait_until_no_sessions(app)
+        out = capsys.readouterr().out
+        assert "2 episodes in 1 groups" in out and "steps/s over the wire" in out
 
 
 def test_session_bound_refuses_with_a_clear_error_not_a_hang():
