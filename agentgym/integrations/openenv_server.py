@@ -121,6 +121,9 @@ class _WebSocketGuard:
         self.session_timeout = session_timeout
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+            return
         if scope["type"] != "websocket":
             await self.app(scope, receive, send)
             return
@@ -130,6 +133,32 @@ class _WebSocketGuard:
             await self._refuse(receive, send, jsonrpc)
             return
         await _Connection(self, receive, send, jsonrpc).serve(scope)
+
+    async def _http(self, scope: dict, receive: Any, send: Any) -> None:
+        """Pass an HTTP request on with lone surrogates in its JSON body replaced.
+
+        OpenEnv's and FastAPI's answers echo parts of the request (an unknown key, a tool name);
+        one holding a lone surrogate cannot be encoded, which would turn a 4xx into a 500.
+        """
+        chunks, message = [], {"type": "http.request", "more_body": True}
+        while message["type"] == "http.request" and message.get("more_body", False):
+            message = await receive()
+            chunks.append(message.get("body", b""))
+        if message["type"] != "http.request":  # the client left while sending
+            return
+        body = b"".join(chunks)
+        if b"\\u" in body:  # only a \u escape can spell a lone surrogate
+            body = _sanitised_body(body)
+        sent = False
+
+        async def replay() -> dict:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: the client's disconnect
+
+        await self.app(scope, replay, send)
 
     async def _refuse(self, receive: Any, send: Any, jsonrpc: bool) -> None:
         """Accept, send the capacity error, wait for the client's first frame, close (1013)."""
@@ -275,6 +304,17 @@ def _check_frame(message: dict) -> tuple[str | None, dict, str | None]:
     return None, message, kind if isinstance(kind, str) else None
 
 
+def _sanitised_body(body: bytes) -> bytes:
+    """A JSON body with lone surrogates replaced (anything else is returned as it came)."""
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return body  # not JSON: FastAPI answers 422 itself
+    if not _walk(value)[1]:
+        return body
+    return json.dumps(json_safe(value)).encode()
+
+
 def _walk(value: Any) -> tuple[int, bool]:
     """(nesting depth of a parsed JSON value, whether any of its text holds a surrogate)."""
     depth, surrogates = 0, False
@@ -395,7 +435,7 @@ def create_app(
 
     # errors raised inside OpenEnv's HTTP handlers would otherwise be 500s
     async def session_error(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(status_code=409, content={"detail": str(exc)})
+        return JSONResponse(status_code=409, content={"detail": json_safe(str(exc))})
 
     async def bad_input(request: Request, exc: Exception) -> JSONResponse:
         if isinstance(exc, (ValidationError, RequestValidationError)):
@@ -403,7 +443,7 @@ def create_app(
             # bytes, which it echoes back in the error
             detail = json_safe([{k: v for k, v in e.items() if k != "url"} for e in exc.errors()])
         else:
-            detail = str(exc)
+            detail = json_safe(str(exc))
         return JSONResponse(status_code=422, content={"detail": detail})
 
     app.add_middleware(_WebSocketGuard, server=server, session_timeout=session_timeout)

@@ -661,6 +661,7 @@ def test_any_frame_gets_exactly_one_answer_and_the_session_survives():
 def test_http_endpoints_answer_bad_requests_with_4xx():
     with running_server("AgentGym/Sokoban-v0") as (url, _):
         http = httpx.Client(base_url=url, timeout=30)
+        as_json = {"content-type": "application/json"}
         local_obs, _ = gym.make("AgentGym/Sokoban-v0").reset(seed=2)
         ok = http.post("/reset", json={"seed": 2})
         assert ok.status_code == 200 and ok.json()["observation"]["text"] == local_obs
@@ -675,9 +676,20 @@ def test_http_endpoints_answer_bad_requests_with_4xx():
             http.post("/step", json={"action": {"text": 3}}),
             http.post("/step", json={"act": "up"}),
             http.post("/step", content=b"\xff"),
+            # a lone surrogate (valid JSON, not UTF-8) that the error echoes: was a 500
+            http.post("/reset", content=b'{"options": {"\\ud800": 1}}', headers=as_json),
+            http.post("/reset", content=b'{"seed": 0, "\\udfff": 1}', headers=as_json),
         ]
         assert [r.status_code for r in bad] == [422] * len(bad), [r.text for r in bad]
         assert "bogus" in bad[3].text and "sed" in bad[4].text
+        assert "no reset option \ufffd" in bad[-2].json()["detail"]
+        tool = http.post(  # the same over MCP: OpenEnv's error names the tool asked for
+            "/mcp",
+            content=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", '
+            b'"params": {"name": "a\\ud800ct", "arguments": {}}}',
+            headers=as_json,
+        )
+        assert tool.status_code == 200 and "Tool not found: a\ufffdct" in tool.text
         assert http.get("/health").json()["status"] == "healthy"
         assert http.get("/metadata").json()["name"] == "AgentGym/Sokoban-v0"
         schema = http.get("/schema").json()
