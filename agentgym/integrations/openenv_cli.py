@@ -9,7 +9,7 @@ Clients connect to ws://HOST:PORT/ws (OpenEnv's ``EnvClient``, e.g. its ``Generi
 or ``agentgym.integrations.openenv.AgentGymEnvClient``); each connection is one session with its
 own env. Tool-calling clients (OpenEnv's ``MCPToolClient``) use /mcp: one tool, ``act(action)``.
 The server has no authentication: it binds 127.0.0.1 unless --host says otherwise, and warns
-when it does. Needs ``openenv`` (``pip install "agentgym-envs[openenv]"``).
+when it does. Needs ``openenv`` >= 0.10 (in a clone: ``pip install -e ".[openenv]"``).
 """
 
 from __future__ import annotations
