@@ -88,14 +88,19 @@ class ChatTurns:
         self.turn_end_id: int | None = None
         prompt = self.render(list(_BASE[:1]), generation_prompt=True)
         full = self.render([*_BASE, {"role": "user", "content": "z"}], generation_prompt=True)
-        end = self._end_after(full, len(prompt))
-        if full[: len(prompt)] != prompt:
-            self._no_head = (
-                "the generation prompt's tokens change once a reply follows it (the template "
-                "rewrites it, or the tokenizer merges across the boundary)"
-            )
-        elif end is None:
+        # Where the reply starts: the generation prompt may differ from the rendered reply's
+        # opening (Qwen3's empty think block without thinking, a BPE merge across the header);
+        # the turn ends at the first end-of-turn token after it, which must close the reply.
+        start = next(
+            (i for i, (a, b) in enumerate(zip(prompt, full, strict=False)) if a != b), len(prompt)
+        )
+        end = self._end_after(full, start)
+        if end is None:
             self._no_head = f"no end-of-turn token of {sorted(self.end_ids)} after assistant turns"
+        elif self._text(full[start:end]) != self._text(
+            tokenizer.encode("y", add_special_tokens=False)
+        ):
+            self._no_head = "the template renders the first user message differently later"
         else:
             self._head = full[: end + 1]
             self.turn_end_id = full[end]
@@ -152,6 +157,9 @@ class ChatTurns:
         return [end]
 
     # -- the probe -------------------------------------------------------------------------------
+    def _text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+
     def _end_after(self, ids: list[int], start: int) -> int | None:
         return next((i for i in range(start, len(ids)) if ids[i] in self.end_ids), None)
 

@@ -616,7 +616,9 @@ def _agent_loop_class() -> type:
 
         Keyword options (set them as keys of the loop's entry in ``agent_loop_config_path``):
         ``max_turns`` (default: ``rollout.multi_turn.max_assistant_turns``), ``max_turn_tokens``,
-        ``history_length`` (0), ``template`` and ``fmt`` (the env family's defaults).
+        ``history_length`` (0), ``template`` and ``fmt`` (the env family's defaults), and
+        ``end_ids`` (token ids that end a model turn besides EOS, e.g. Gemma 3's
+        ``<end_of_turn>``; a template whose turns end otherwise is refused at start, saying so).
         """
 
         def __init__(
@@ -627,6 +629,7 @@ def _agent_loop_class() -> type:
             history_length: int = 0,
             template: str | None = None,
             fmt: str | None = None,
+            end_ids: list[int] | None = None,
             **kwargs: Any,
         ) -> None:
             kwargs.pop("name", None)  # the entry's own name in agent_loop_config_path
@@ -650,6 +653,7 @@ def _agent_loop_class() -> type:
                 # as one: each turn sampled from the tokens trained (drift-free); a template that
                 # re-renders earlier turns (Qwen3's <think>) keeps them as sampled (logged).
                 mode=EPISODE,
+                end_ids=end_ids,
             )
 
         async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:

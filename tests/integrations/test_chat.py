@@ -172,12 +172,6 @@ def test_episode_runner_trains_exactly_the_sampled_ids(smollm2_tokenizer, row, n
     end_id = chat.turn_end_id or (end_ids[0] if end_ids else tok.eos_token_id)
     server = RecordingServer(tok, end_id)
     options = dict(chat_template_kwargs=kwargs, end_ids=end_ids, fmt="think_action")
-    if forced == EPISODE and chat.turn_end_id is None:
-        with pytest.raises(ValueError, match="per turn"):
-            EpisodeRunner(
-                tok, server, prompt_length=4096, response_length=4096, mode=forced, **options
-            )
-        return
     runner = EpisodeRunner(
         tok, server, prompt_length=4096, response_length=4096, mode=forced or "auto", **options
     )
@@ -217,10 +211,13 @@ def conversation(turn_texts: list[str], row: dict) -> list[dict]:
     return messages
 
 
-def test_a_template_without_a_turn_end_says_how_to_train_it(smollm2_tokenizer):
-    tok, end_ids, kwargs, _ = template_tokenizer(smollm2_tokenizer, "qwen3_no_thinking")
-    chat = ChatTurns(tok, template_kwargs=kwargs, end_ids=end_ids)
-    with pytest.raises(ValueError, match=r"mode='per_turn'") as info:
+def test_a_template_without_a_known_turn_end_says_what_to_do(smollm2_tokenizer):
+    """Phi-3.5 ends turns with <|end|>, not its EOS: without that id, episodes cannot be played
+    as one sequence, and the error says how to play them."""
+    tok, _, kwargs, _ = template_tokenizer(smollm2_tokenizer, "phi3_5")
+    chat = ChatTurns(tok, template_kwargs=kwargs)
+    assert chat.mode == PER_TURN and chat.turn_end_id is None
+    with pytest.raises(ValueError, match=r"mode='per_turn'.*end_ids") as info:
         chat.observation_ids("next observation")
     assert "\n" not in str(info.value)
 
@@ -238,7 +235,7 @@ def test_trl_rollout_keeps_sampling_and_training_sequences_equal(smollm2_tokeniz
 
     tok, end_ids, kwargs, _ = template_tokenizer(smollm2_tokenizer, "qwen3")
     model = AutoModelForCausalLM.from_pretrained(model_path("smollm2-135m"))
-    model.resize_token_embeddings(len(tok))
+    model.resize_token_embeddings(len(tok), mean_resizing=False)
     model.train()
     torch.manual_seed(0)
     trainer = SimpleNamespace(
