@@ -40,6 +40,11 @@ HF_GENERATION = ("static", "generate")
 UPDATE_BATCHING = ("auto", "tokens", "packed", "rows")
 ENV_BACKENDS = ("inprocess", "process")
 EPISODE_STATS = ("trajectories", "steps")
+POLICIES = ("free", "scored")
+
+#: What ``--policy scored`` changes in an env's preset (flags given still win): the env parses
+#: the chosen action as plain text, and the short prompt lists the admissible actions.
+SCORED_PRESET: dict[str, Any] = {"fmt": "plain", "prompt_template": "actions"}
 
 #: Fields a resumed run does not take from the checkpoint's saved config: they say where and
 #: how this invocation runs, not what is trained.
@@ -106,6 +111,15 @@ class Config:
     """compile the static decoder's step (CUDA graphs); None: on CUDA only"""
     vllm_gpu_memory_utilization: float = 0.4
     """share of GPU memory vLLM may take (the trainer needs the rest)"""
+    policy: str = "free"
+    """``free``: the model writes its action as text; ``scored``: it chooses among the env's
+    admissible actions with probability softmax(summed token log-probs / ``action_temperature``),
+    the chosen action's tokens being the trained response (``trainers/gigpo/scored.py``; HF
+    backend; the env parses plain text and prompts list the actions: ``fmt`` ``plain`` and
+    ``prompt_template`` ``actions`` unless given)"""
+    action_temperature: float = 1.0
+    """``--policy scored``: softmax temperature over the actions' summed log-probs in rollouts
+    (evaluation uses ``eval_temperature``; 0 = the most likely action)"""
 
     # --- advantage ---------------------------------------------------------------------------
     advantage: str = "gigpo"
@@ -242,7 +256,10 @@ class Config:
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise TypeError(f"unknown config fields: {sorted(unknown)}")
-        return cls(**{**PRESETS.get(env, {}), "env": env, **overrides})
+        preset = dict(PRESETS.get(env, {}))
+        if overrides.get("policy") == "scored":  # the env parses the chosen action's plain text
+            preset.update(SCORED_PRESET)
+        return cls(**{**preset, "env": env, **overrides})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -282,6 +299,23 @@ class Config:
         choose("generation_backend", GENERATION_BACKENDS)
         choose("hf_generation", HF_GENERATION)
         choose("update_batching", UPDATE_BATCHING)
+        choose("policy", POLICIES)
+        if self.policy == "scored":
+            from trainers.gigpo.scored import scored_problem
+
+            for env_id in (self.env,):
+                problem = scored_problem(env_id)
+                if problem:
+                    raise ConfigError(problem if cli else problem.replace("--policy", "policy"))
+            if self.generation_backend != "hf":
+                raise ConfigError(f"{flag('policy')} scored runs on {flag('generation_backend')} "
+                                  "hf only (it scores with the trained model itself)")  # fmt: skip
+            if self.rollout != "flat":
+                raise ConfigError(f"{flag('policy')} scored supports {flag('rollout')} flat only")
+        if self.action_temperature < 0:
+            raise ConfigError(
+                f"{flag('action_temperature')} must be at least 0, got {self.action_temperature}"
+            )
         if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
             raise ConfigError(f"{flag('micro_batch_tokens')} must be at least 1 (or None: "
                               f"sized from the model), got {self.micro_batch_tokens}")  # fmt: skip
@@ -340,7 +374,7 @@ class Config:
         if self.fmt is not None:
             choose("fmt", FORMATS)
         if self.prompt_template is not None:
-            choose("prompt_template", ["compact", *sorted(PROMPT_TEMPLATES)])
+            choose("prompt_template", ["actions", "compact", *sorted(PROMPT_TEMPLATES)])
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ConfigError(f"{flag('device')} {self.device!r} is not known; choose one of: "
                               "auto, cpu, cuda, cuda:N")  # fmt: skip

@@ -85,6 +85,7 @@ from trainers.gigpo.rollout import (
     collect_tree,
     make_group_env,
 )
+from trainers.gigpo.scored import ScoredActionPolicy
 
 
 # ----------------------------------------------------------------------------------------------
@@ -742,10 +743,19 @@ def train(config: Config) -> list[dict[str, Any]]:
 
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
 
-    if config.generation_backend == "vllm":
+    if config.policy == "scored":  # choose among admissible actions (trainers/gigpo/scored.py)
+        policy: Any = ScoredActionPolicy(
+            model,
+            tokenizer,
+            token_temperature=config.temperature if config.temperature > 0 else 1.0,
+            action_temperature=config.action_temperature,
+            max_prompt_tokens=config.max_prompt_tokens,
+            autocast=autocast,
+        )
+    elif config.generation_backend == "vllm":
         if config.model == "tiny":
             raise ValueError("the vLLM backend needs a real model path (--model ...), not 'tiny'")
-        policy: Any = VLLMPolicy(
+        policy = VLLMPolicy(
             config.model,
             tokenizer,
             temperature=config.temperature,
