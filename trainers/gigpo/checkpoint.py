@@ -141,11 +141,13 @@ def save_checkpoint(
             save_base,
         )  # fmt: skip
     except BaseException as err:
+        # Each writer has its own error type (safetensors, torch's zip writer, tokenizers):
+        # whatever it is, this save failed. Said before the cleanup frees the space it took.
+        message = _save_failure(path, err) if isinstance(err, Exception) else None
         # Never leave a half-written folder holding the space a full disk needs back.
         shutil.rmtree(partial, ignore_errors=True)
-        if isinstance(err, Exception):  # each writer has its own error type (safetensors,
-            # torch's zip writer, tokenizers); whatever it is, this save failed
-            raise CheckpointSaveError(_save_failure(path, err)) from err
+        if message is not None:
+            raise CheckpointSaveError(message) from err
         raise  # Ctrl-C: the trainer says where things stand
 
     old = None
@@ -216,7 +218,9 @@ def _save_failure(path: Path, err: BaseException) -> str:
         free = shutil.disk_usage(path.parent).free
     except OSError:
         free = None
-    if code in (errno.ENOSPC, errno.EDQUOT) or (free is not None and free < 1 << 20):
+    if code in (errno.ENOSPC, errno.EDQUOT) or (
+        code is None and free is not None and free < 1 << 20
+    ):
         reason = f"no space left on the device holding {path.parent}"
     elif code == errno.EFBIG:
         reason = "a file grew past the size limit of this process or file system"
