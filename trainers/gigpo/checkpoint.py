@@ -229,11 +229,15 @@ def _save_failure(path: Path, err: BaseException) -> str:
     else:  # torch's zip writer says only "enforce fail at inline_container.cc"
         text = str(err).strip()
         reason = f"{type(err).__name__}: {text.splitlines()[0][:200] if text else 'write failed'}"
-    return (
-        f"could not save {path} ({reason}); the partial save was removed and the earlier "
-        f"checkpoints are intact: free some space (or pass another --out-dir), then "
-        f"--resume {path.parent}"
-    )
+    earlier = [c for c in checkpoints(path.parent) if c.name != path.name]
+    if earlier:
+        after = (
+            f"the earlier checkpoints are intact: free some space (or pass another --out-dir), "
+            f"then --resume {path.parent}"
+        )
+    else:
+        after = "free some space (or pass another --out-dir) and start the run again"
+    return f"could not save {path} ({reason}); the partial save was removed; {after}"
 
 
 def _sha256(file: Path) -> str:
