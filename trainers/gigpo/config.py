@@ -68,6 +68,14 @@ class Config:
     env: str = DEFAULT_ENV
     """registered agentgym env id (the command line without ``--env`` trains the corridor, with
     its preset)"""
+    extra_envs: list[str] = field(default_factory=list)
+    """further env ids trained in the same run (the command line: ``--env`` given again); each
+    group is drawn from one env, advantages are computed within each env's groups, metrics and
+    evaluation are reported per env too; each extra env takes its own preset's env settings
+    (``env_kwargs``, ``max_steps``, ``fmt``, ``history_length``, ``prompt_template``, splits)"""
+    env_weights: list[float] | None = None
+    """share of the ``num_groups`` groups each env gets, in ``--env`` order (``--env-weight``
+    given once per env); None: equal shares. Every env gets at least one group"""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """extra constructor arguments for the env (JSON on the command line); replaces the preset's"""
     max_steps: int | None = None
@@ -319,10 +327,31 @@ class Config:
         choose("hf_generation", HF_GENERATION)
         choose("update_batching", UPDATE_BATCHING)
         choose("policy", POLICIES)
+        envs = [self.env, *self.extra_envs]
+        if len(set(envs)) != len(envs):
+            raise ConfigError(f"{flag('env')} names an env twice: {', '.join(envs)}")
+        if self.env_weights is not None:
+            if len(self.env_weights) != len(envs) or not all(w > 0 for w in self.env_weights):
+                raise ConfigError(
+                    f"{flag('env_weights') if not cli else '--env-weight'} takes one positive "
+                    f"weight per env ({len(envs)}: {', '.join(envs)}), got {self.env_weights}"
+                )
+        if self.extra_envs:
+            for env_id in self.extra_envs:
+                check_env_id(env_id)
+            if self.num_groups < len(envs):
+                raise ConfigError(f"{flag('num_groups')} {self.num_groups} is below the number "
+                                  f"of envs ({len(envs)}): every env needs a group")  # fmt: skip
+            if self.rollout != "flat" or self.advantage == "cw_grpo":
+                raise ConfigError(
+                    f"several envs in one run train with {flag('rollout')} flat and an "
+                    f"estimator without a judge (not cw_grpo); got {self.rollout}, "
+                    f"{self.advantage}"
+                )
         if self.policy == "scored":
             from trainers.gigpo.scored import scored_problem
 
-            for env_id in (self.env,):
+            for env_id in envs:
                 problem = scored_problem(env_id)
                 if problem:
                     raise ConfigError(problem if cli else problem.replace("--policy", "policy"))
@@ -429,6 +458,10 @@ class Config:
         problem = env_problem(self.env, self.env_kwargs, (self.train_split, self.eval_split))
         if problem:
             raise ConfigError(f"{flag('env')} {self.env}: {problem}")
+        for env_id in self.extra_envs:
+            problem = env_problem(env_id, {}, ())
+            if problem:
+                raise ConfigError(f"{flag('env')} {env_id}: {problem}")
 
 
 def check_env_id(env: str) -> None:
@@ -694,7 +727,20 @@ def build_parser() -> argparse.ArgumentParser:
         if f.name in demo and demo[f.name] != default:
             shown += f"; without --env, the demo's: {demo[f.name]!r}"
         help_text = f"{docs.get(f.name, '')} ({shown})".replace("%", "%%")
-        if is_bool:
+        if f.name in ("extra_envs", "env_weights"):  # spelt --env again, --env-weight
+            continue
+        if f.name == "env":  # repeatable: several envs in one run
+            parser.add_argument(
+                flag, dest="env", action="append", help=help_text + " Repeat for several envs."
+            )
+            parser.add_argument(
+                "--env-weight",
+                dest="env_weights",
+                action="append",
+                type=float,
+                help=docs.get("env_weights", "").replace("%", "%%") + " (default: equal)",
+            )
+        elif is_bool:
             parser.add_argument(
                 flag, dest=f.name, action=argparse.BooleanOptionalAction, help=help_text
             )
@@ -714,6 +760,9 @@ def parse_args(argv: list[str] | None = None, notes: list[str] | None = None) ->
     config is known to be valid, so that an error stays one line).
     """
     given = vars(build_parser().parse_args(argv))
+    if "env" in given:  # --env A --env B: the first is `env`, the others `extra_envs`
+        envs = given.pop("env")
+        given["env"], given["extra_envs"] = envs[0], envs[1:]
     if given.get("resume") is not None:
         skipped: list[str] = []
         checkpoint = resolve_resume(given["resume"], skipped)  # past damaged checkpoints

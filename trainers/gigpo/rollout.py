@@ -65,6 +65,10 @@ class RolloutBatch:
     branch_ids: np.ndarray | None = None
     """(N,) int64, tree rollouts only: the branch group of a row taken at a branch point (its
     siblings act from the same state), -1 elsewhere; what ``compute_advantage("slate")`` reads"""
+    env_ids: np.ndarray | None = None
+    """(N,) int64, runs over several envs only: the env (index in the run's env list) of a row"""
+    traj_env_ids: np.ndarray | None = None
+    """(len(trajectories),) int64, runs over several envs only: the env of each episode"""
     row_start: np.ndarray | None = None
     """(T,) int64, tree rollouts only: the first own step of each trajectory (its shared prefix,
     copied from the source, is not repeated in the rows)"""
