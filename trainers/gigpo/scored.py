@@ -145,7 +145,8 @@ def _score_chunk(
     cand_ids, cand_mask = cand_ids.to(device), cand_mask.to(device)
     token_lp = first_lp[owner_t].gather(1, cand_ids[:, :1])  # (K, 1): each first token
     if span > 1:
-        cache = first.past_key_values
+        # ``cache`` in recent transformers (``past_key_values`` warns there), the old name before
+        cache = first["cache"] if "cache" in first else first.past_key_values
         cache.reorder_cache(owner_t)  # (B, ...) -> (K, ...): each candidate its prompt's rows
         attn = torch.cat([attention.to(device)[owner_t], cand_mask], dim=1)
         pos = lengths.to(device)[owner_t, None] + torch.arange(span, device=device)[None]
