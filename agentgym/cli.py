@@ -13,7 +13,6 @@ agentgym serve AgentGym/Sokoban-v0 --port 8000                       an env over
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -26,6 +25,7 @@ import numpy as np
 
 import agentgym
 from agentgym.envs import ENTRIES, install_hint
+from agentgym.io import atomic_write_json
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -60,14 +60,6 @@ def _writable_file(text: str) -> str:
     if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
         raise argparse.ArgumentTypeError(f"cannot write {text!r}: permission denied")
     return text
-
-
-def _write_json(path: str, payload: dict[str, Any]) -> None:
-    """Write JSON atomically: a temporary file in the same folder, then a rename."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
-    os.replace(tmp, path)
 
 
 def _make_env(env_id: str) -> gym.Env:
@@ -330,7 +322,12 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         if s not in reported:
             print(f"FAILED {s}", file=sys.stderr)
     if args.json:
-        _write_json(args.json, {"reports": reports, "skipped": skipped, "failed": failed})
+        atomic_write_json(
+            args.json,
+            {"reports": reports, "skipped": skipped, "failed": failed},
+            indent=2,
+            default=str,
+        )
     return 1 if failed else 0
 
 
@@ -399,7 +396,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         f"reset {result['reset_seconds_median'] * 1e3:.2f} ms (medians); random admissible actions"
     )
     if args.json:
-        _write_json(args.json, result)
+        atomic_write_json(args.json, result, indent=2, default=str)
     return 0
 
 

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
+from agentgym.extras import missing_extra
 from agentgym.wrappers.group import GroupVectorEnv, Step, Trajectory
 from agentgym.wrappers.llm import FORMAT_INSTRUCTIONS, ParseActions, parse_action
 
@@ -73,7 +74,6 @@ __all__ = [
     "env_return_reward",
 ]
 
-INSTALL_HINT = 'pip install "agentgym-envs[trl]"'
 
 #: Dataset columns (and keys of the prompt's last message) naming a row's task, reset seed and split.
 TASK_COLUMN = "task_id"
@@ -92,9 +92,7 @@ def _require_trl() -> None:
         import datasets  # noqa: F401
         import trl  # noqa: F401
     except ImportError as exc:
-        raise ImportError(
-            f"agentgym.integrations.trl needs TRL ({exc.name} is missing): {INSTALL_HINT}"
-        ) from None
+        raise missing_extra("agentgym.integrations.trl", exc.name or "TRL", "trl") from None
 
 
 # ----------------------------------------------------------------------------------------------

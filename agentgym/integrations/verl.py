@@ -53,6 +53,7 @@ from uuid import uuid4
 import numpy as np
 
 from agentgym.algorithms.advantage import AdvantageConfig, compute_advantage
+from agentgym.extras import missing_extra
 from agentgym.wrappers.llm import make_llm_env
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -62,7 +63,6 @@ __all__ = [
     "AGENT_NAME",
     "ESTIMATOR_NAME",
     "EXTRA_KEYS",
-    "INSTALL_HINT",
     "Episode",
     "EpisodeRunner",
     "LocalHFServer",
@@ -76,7 +76,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = 'pip install "agentgym-envs[verl]"'
 AGENT_NAME = "agentgym_agent"
 """the agent loop's name in verl's registry (``rollout.agent.default_agent_loop``)"""
 ESTIMATOR_NAME = "agentgym_gigpo"
@@ -106,9 +105,7 @@ def _require_verl() -> None:
         import verl.experimental.agent_loop.agent_loop  # noqa: F401
         import verl.trainer.ppo.core_algos  # noqa: F401
     except ImportError as exc:
-        raise ImportError(
-            f"agentgym.integrations.verl needs verl ({exc.name} is missing): {INSTALL_HINT}"
-        ) from None
+        raise missing_extra("agentgym.integrations.verl", exc.name or "verl", "verl") from None
 
 
 # ----------------------------------------------------------------------------------------------
