@@ -93,3 +93,32 @@ def test_missing_extra_through_the_command_is_one_line(tmp_path):
     assert out.returncode != 0
     assert "Traceback" not in out.stderr, out.stderr
     assert f"{DISTRIBUTION}[alfworld]" in out.stderr
+
+
+def test_wheel_ships_type_hints_and_only_the_library(tmp_path):
+    """The built wheel holds agentgym (py.typed included, so type checkers read its hints) and
+    no top-level ``trainers`` package, a generic name other distributions use."""
+    import shutil
+    import zipfile
+
+    # build from a copy: an in-tree build would leave build/ and *.egg-info in the clone
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("agentgym", "trainers"):  # trainers/ is there, as in a clone, to be left out
+        shutil.copytree(ROOT / name, src / name, ignore=ignore)
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         str(src), "-w", str(tmp_path / "dist")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "agentgym/py.typed" in names
+    assert not [n for n in names if n.split("/")[0] == "trainers"]
+    # and nothing of the library is lost on the way (e.g. a subpackage without __init__.py)
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "agentgym").rglob("*.py")}
+    assert modules <= names, sorted(modules - names)

@@ -60,9 +60,6 @@ def test_learns_corridor_with_gigpo(tmp_path):
     assert [json.loads(x) for x in lines] == json.loads(json.dumps(history))
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("agentgym.envs.sokoban") is None, reason="Sokoban env not built yet"
-)
 def test_one_iteration_on_sokoban(tmp_path):
     config = Config.for_env(
         "AgentGym/Sokoban-v0",
