@@ -26,7 +26,7 @@ from agentgym.core import (
     TextEnv,
 )
 from agentgym.envs import ENTRIES, EnvEntry, entry
-from agentgym.wrappers.group import GroupVectorEnv, Step, Trajectory, vector_entry_point
+from agentgym.vector import GroupVectorEnv, Step, Trajectory, vector_entry_point
 
 __version__ = "0.1.0"
 

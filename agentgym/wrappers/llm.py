@@ -51,7 +51,7 @@ import re
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, SupportsFloat
+from typing import Any, Literal, SupportsFloat, get_args
 
 import gymnasium as gym
 from gymnasium import spaces
@@ -59,6 +59,7 @@ from gymnasium import spaces
 from agentgym.core import MAX_OBS_CHARS, TEXT_CHARSET, InvalidAction, coerce_action, describe_action
 
 __all__ = [
+    "ActionFormat",
     "FORMATS",
     "FORMAT_INSTRUCTIONS",
     "MAX_HISTORY_ACTION_CHARS",
@@ -83,8 +84,10 @@ __all__ = [
 #: it wrote.
 MAX_HISTORY_ACTION_CHARS = 256
 
+ActionFormat = Literal["think_action", "search_answer", "plain"]
+"""the ``fmt=`` argument: how model text holds the action (rules in the module docstring)"""
 #: Output formats :func:`parse_action` understands.
-FORMATS: tuple[str, ...] = ("think_action", "search_answer", "plain")
+FORMATS: tuple[str, ...] = get_args(ActionFormat)
 
 # One scanner per format, over the tags that format cares about. Literal alternatives only, so
 # matching is linear; other tags (``<information>``, ``<tool_call>``...) are plain text to us.
@@ -205,7 +208,7 @@ def _think(
 
 def parse_action(
     text: Any,
-    fmt: str = "think_action",
+    fmt: ActionFormat = "think_action",
     admissible: Sequence[str] | None = None,
     *,
     require_think: bool | None = None,
@@ -363,7 +366,7 @@ class PromptTemplate:
     ``search``: each query with the results it returned, in ``<search>``/``<information>`` tags"""
     instructions: tuple[tuple[str, str], ...] = ()
     """(format, instruction) overrides of :data:`FORMAT_INSTRUCTIONS` for this family"""
-    default_fmt: str = "think_action"
+    default_fmt: ActionFormat = "think_action"
     """the action format this family's prompts ask for"""
     task_from_observation: bool = False
     """use the first observation as the task when the env's info names none (QA questions)"""
@@ -556,7 +559,7 @@ def render_prompt(
     history_length: int,
     template: str | PromptTemplate = "generic",
     *,
-    fmt: str | None = None,
+    fmt: ActionFormat | None = None,
 ) -> str:
     """Render one verl-agent-style prompt.
 
@@ -631,7 +634,7 @@ class ParseActions(gym.Wrapper):
     def __init__(
         self,
         env: gym.Env,
-        fmt: str = "think_action",
+        fmt: ActionFormat = "think_action",
         *,
         check_admissible: bool = False,
         **parse_options: Any,
@@ -707,7 +710,7 @@ class PromptRenderer(gym.Wrapper):
         template: str | PromptTemplate | None = None,
         task_key: str | Sequence[str] = ("goal", "question", "instruction"),
         *,
-        fmt: str | None = None,
+        fmt: ActionFormat | None = None,
     ):
         super().__init__(env)
         if history_length < 0:
@@ -797,7 +800,7 @@ def _find_wrapper(env: gym.Env, kind: type) -> Any:
 
 def make_llm_env(
     env: gym.Env | str,
-    fmt: str | None = None,
+    fmt: ActionFormat | None = None,
     history_length: int = 2,
     template: str | PromptTemplate | None = None,
     *,
