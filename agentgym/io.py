@@ -12,6 +12,7 @@ power loss) can leave a hidden ``.NAME.*.tmp`` file beside the target, never a p
 - :func:`atomic_open`: a file object to stream into (``pickle.dump``, shard writers).
 - :func:`atomic_path`: a temporary path for writers that only take a path (``faiss.write_index``,
   ``pyarrow.parquet.write_table``, ``matplotlib``'s ``savefig``).
+- :func:`replace_dir`: publish a directory written beside its target (indexes, checkpoints).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,6 +36,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
+    "replace_dir",
 ]
 
 
@@ -134,3 +137,32 @@ def atomic_save_npy(path: str | os.PathLike[str], array: np.ndarray) -> None:
 
     with atomic_open(path, "wb") as f:
         np.save(f, array, allow_pickle=False)
+
+
+def replace_dir(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    aside: str | os.PathLike[str] | None = None,
+) -> None:
+    """Publish the finished directory ``src`` (written beside ``dst``) at ``dst``, replacing what
+    is there.
+
+    A reader finds the old complete directory or the new one (for an instant between two
+    renames, neither), never a half-written one. A directory cannot be renamed over a non-empty
+    one, so an existing ``dst`` is first renamed to ``aside`` (default: a hidden ``.NAME.old-*``
+    beside it) and removed once ``src`` is in place: a kill between the renames leaves the old
+    directory whole under ``aside``, for a caller that knows the name to recover.
+    """
+    src, dst = Path(src), Path(dst)
+    if not dst.exists():
+        os.replace(src, dst)
+        return
+    if aside is None:
+        aside = dst.with_name(f".{dst.name}.old-{secrets.token_hex(4)}")
+    aside = Path(aside)
+    if aside.exists():  # left by an earlier kill with the same name: dst is the newer copy
+        shutil.rmtree(aside)
+    os.replace(dst, aside)
+    os.replace(src, dst)
+    shutil.rmtree(aside, ignore_errors=True)

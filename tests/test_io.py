@@ -19,6 +19,7 @@ from agentgym.io import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
+    replace_dir,
 )
 
 
@@ -102,3 +103,26 @@ def test_atomic_open_refuses_modes_that_would_not_write_a_new_file(tmp_path):
         with atomic_open(tmp_path / "x", "a"):
             pass
     assert list(tmp_path.iterdir()) == []
+
+
+def test_replace_dir_swaps_a_whole_directory_and_leaves_nothing_aside(tmp_path):
+    dst = tmp_path / "index"
+    for version in ("old", "new"):
+        src = tmp_path / f".index.tmp-{version}"
+        (src / "sub").mkdir(parents=True)
+        (src / "sub" / "data").write_text(version)
+        replace_dir(src, dst)
+        assert (dst / "sub" / "data").read_text() == version and not src.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["index"]
+
+
+def test_replace_dir_moves_the_old_copy_to_the_name_given(tmp_path):
+    dst, src, aside = tmp_path / "ckpt", tmp_path / ".ckpt.partial", tmp_path / ".ckpt.old"
+    dst.mkdir()
+    (dst / "f").write_text("old")
+    aside.mkdir()  # a stale copy from an earlier kill: dst is newer, so it is dropped
+    src.mkdir()
+    (src / "f").write_text("new")
+    replace_dir(src, dst, aside=aside)
+    assert (dst / "f").read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
