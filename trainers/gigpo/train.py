@@ -45,7 +45,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import random
 import signal
 import sys
@@ -66,6 +65,7 @@ if __name__ == "__main__":
 import numpy as np
 import torch
 
+from agentgym.io import atomic_write_text
 from trainers.gigpo import checkpoint
 from trainers.gigpo.advantage import compute_advantage
 from trainers.gigpo.checkpoint import STATE_FILE as STATE_FILE  # re-exported
@@ -370,9 +370,7 @@ class MetricLogger:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "metrics.jsonl"
         history = history or []
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in history))
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in history))
         self.writer = None
         if tensorboard:
             try:
