@@ -122,3 +122,29 @@ def test_wheel_ships_type_hints_and_only_the_library(tmp_path):
     # and nothing of the library is lost on the way (e.g. a subpackage without __init__.py)
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "agentgym").rglob("*.py")}
     assert modules <= names, sorted(modules - names)
+
+
+@pytest.mark.parametrize(
+    ("blocked", "code", "extra"),
+    [
+        ("ray", "GroupVectorEnv('AgentGym/Corridor-v0', 1, 2, backend='ray')", "ray"),
+        ("trl", "import agentgym.integrations.trl as m; m._require_trl()", "trl"),
+        ("openenv", "import agentgym.integrations.openenv", "openenv"),
+        ("matplotlib", "from trainers.gigpo.plot import plot_history; plot_history([], 'x.png')",
+         "train"),
+    ],
+)  # fmt: skip
+def test_every_optional_import_reports_the_same_way(blocked, code, extra, tmp_path):
+    # one error class and one hint, whichever part of the project needs the package
+    script = (
+        f"import sys; sys.modules[{blocked!r}] = None\n"
+        "from agentgym import GroupVectorEnv\n"
+        "from agentgym.extras import MissingExtra\n"
+        f"try:\n    {code}\nexcept MissingExtra as e:\n    print(e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("\n") == 1, out.stdout
+    assert f'pip install "{DISTRIBUTION}[{extra}]"' in out.stdout
