@@ -27,7 +27,7 @@ from agentgym.core import (
 )
 from agentgym.envs import ENTRIES, EnvEntry, entry
 from agentgym.family import register_family
-from agentgym.wrappers.group import GroupVectorEnv, Step, Trajectory, vector_entry_point
+from agentgym.vector import GroupVectorEnv, Step, Trajectory, vector_entry_point
 
 __version__ = "0.1.0"
 

@@ -30,10 +30,11 @@ import importlib
 import importlib.util
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 __all__ = [
     "HISTORY_INTRO",
+    "ActionFormat",
     "FamilySpec",
     "FamilyTable",
     "JudgeSpec",
@@ -42,6 +43,11 @@ __all__ = [
     "family_spec",
     "register_family",
 ]
+
+
+ActionFormat = Literal["think_action", "search_answer", "plain"]
+"""the ``fmt=`` argument of the LLM wrappers: how model text holds the action (rules in
+:mod:`agentgym.wrappers.llm`)"""
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,7 @@ class PromptTemplate:
     instructions: tuple[tuple[str, str], ...] = ()
     """(format, instruction) overrides of the LLM wrappers' ``FORMAT_INSTRUCTIONS`` for this
     family"""
-    default_fmt: str = "think_action"
+    default_fmt: ActionFormat = "think_action"
     """the action format this family's prompts ask for"""
     task_from_observation: bool = False
     """use the first observation as the task when the env's info names none (QA questions)"""

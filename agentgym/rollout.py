@@ -1,7 +1,7 @@
 """Group rollouts with a simple policy, and the statistics the CLI and benchmarks report.
 
 ``run_group_rollout`` is the main job of the README's quick start: it resets a
-:class:`~agentgym.wrappers.group.GroupVectorEnv`, steps every env with a policy until all are
+:class:`~agentgym.vector.GroupVectorEnv`, steps every env with a policy until all are
 done, and summarises success, return, throughput and how often trajectories of a group meet in
 the same canonical state (what makes GiGPO's step-level groups non-trivial).
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from agentgym.wrappers.group import GroupVectorEnv, Trajectory
+from agentgym.vector import GroupVectorEnv, Trajectory
 
 __all__ = [
     "RolloutReport",

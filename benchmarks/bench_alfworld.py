@@ -215,7 +215,7 @@ def bench_memory(root: Path, split: str) -> dict:
 def bench_group(root: Path, split: str, repeats: int, backends: list[str]) -> dict:
     import numpy as np
 
-    from agentgym.wrappers.group import GroupVectorEnv
+    from agentgym.vector import GroupVectorEnv
 
     out = {}
     for backend in backends:

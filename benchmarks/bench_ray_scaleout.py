@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 import agentgym  # noqa: F401 - registers the ids
 from agentgym.rollout import random_policy
-from agentgym.wrappers import GroupVectorEnv
+from agentgym.vector import GroupVectorEnv
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

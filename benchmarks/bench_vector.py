@@ -22,7 +22,7 @@ import numpy as np
 
 import agentgym  # noqa: F401
 from agentgym.rollout import random_policy
-from agentgym.wrappers import GroupVectorEnv
+from agentgym.vector import GroupVectorEnv
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
-from agentgym.wrappers.group import GroupVectorEnv, Step, Trajectory
+from agentgym.vector import GroupVectorEnv, Step, Trajectory
 from agentgym.wrappers.llm import FORMAT_INSTRUCTIONS, ParseActions, parse_action
 
 if TYPE_CHECKING:  # pragma: no cover - typing only

@@ -1,6 +1,7 @@
-"""Env -> env transforms (LLM prompt rendering and output parsing) and the group-rollout vector env."""
+"""Env -> env transforms (LLM prompt rendering and output parsing); the group-rollout vector env,
+now in :mod:`agentgym.vector`, is re-exported here too."""
 
-from agentgym.wrappers.group import (
+from agentgym.vector import (
     EnvError,
     EnvFactory,
     GroupEnvSnapshot,
@@ -14,6 +15,7 @@ from agentgym.wrappers.llm import (
     FORMAT_INSTRUCTIONS,
     FORMATS,
     PROMPT_TEMPLATES,
+    ActionFormat,
     ParseActions,
     ParsedAction,
     ParseFailure,
@@ -32,6 +34,7 @@ __all__ = [
     "Step",
     "Trajectory",
     "make_group_vector_env",
+    "ActionFormat",
     "FAMILY_TEMPLATES",
     "FORMAT_INSTRUCTIONS",
     "FORMATS",

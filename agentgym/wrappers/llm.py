@@ -51,15 +51,23 @@ import re
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, SupportsFloat
+from typing import Any, SupportsFloat, get_args
 
 import gymnasium as gym
 from gymnasium import spaces
 
 from agentgym.core import MAX_OBS_CHARS, TEXT_CHARSET, InvalidAction, coerce_action, describe_action
-from agentgym.family import HISTORY_INTRO, FamilySpec, FamilyTable, PromptTemplate, family_spec
+from agentgym.family import (
+    HISTORY_INTRO,
+    ActionFormat,
+    FamilySpec,
+    FamilyTable,
+    PromptTemplate,
+    family_spec,
+)
 
 __all__ = [
+    "ActionFormat",
     "FORMATS",
     "FORMAT_INSTRUCTIONS",
     "MAX_HISTORY_ACTION_CHARS",
@@ -87,7 +95,7 @@ __all__ = [
 MAX_HISTORY_ACTION_CHARS = 256
 
 #: Output formats :func:`parse_action` understands.
-FORMATS: tuple[str, ...] = ("think_action", "search_answer", "plain")
+FORMATS: tuple[str, ...] = get_args(ActionFormat)
 
 # One scanner per format, over the tags that format cares about. Literal alternatives only, so
 # matching is linear; other tags (``<information>``, ``<tool_call>``...) are plain text to us.
@@ -208,7 +216,7 @@ def _think(
 
 def parse_action(
     text: Any,
-    fmt: str = "think_action",
+    fmt: ActionFormat = "think_action",
     admissible: Sequence[str] | None = None,
     *,
     require_think: bool | None = None,
@@ -442,7 +450,7 @@ def render_prompt(
     history_length: int,
     template: str | PromptTemplate = "generic",
     *,
-    fmt: str | None = None,
+    fmt: ActionFormat | None = None,
 ) -> str:
     """Render one verl-agent-style prompt.
 
@@ -517,7 +525,7 @@ class ParseActions(gym.Wrapper):
     def __init__(
         self,
         env: gym.Env,
-        fmt: str = "think_action",
+        fmt: ActionFormat = "think_action",
         *,
         check_admissible: bool = False,
         **parse_options: Any,
@@ -593,7 +601,7 @@ class PromptRenderer(gym.Wrapper):
         template: str | PromptTemplate | None = None,
         task_key: str | Sequence[str] = ("goal", "question", "instruction"),
         *,
-        fmt: str | None = None,
+        fmt: ActionFormat | None = None,
     ):
         super().__init__(env)
         if history_length < 0:
@@ -683,7 +691,7 @@ def _find_wrapper(env: gym.Env, kind: type) -> Any:
 
 def make_llm_env(
     env: gym.Env | str,
-    fmt: str | None = None,
+    fmt: ActionFormat | None = None,
     history_length: int = 2,
     template: str | PromptTemplate | None = None,
     *,

@@ -28,7 +28,7 @@ from agentgym.algorithms.judges import (
     SearchQAJudge,
     row_contributions,
 )
-from agentgym.wrappers.group import Step, Trajectory
+from agentgym.vector import Step, Trajectory
 from trainers.gigpo.advantage_reference import reference_advantage
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -20,8 +20,7 @@ from agentgym.algorithms.judges import (
     SearchQAJudge,
     rule_judge,
 )
-from agentgym.wrappers import Trajectory
-from agentgym.wrappers.group import Step
+from agentgym.vector import Step, Trajectory
 from trainers.gigpo.config import Config, ConfigError
 from trainers.gigpo.rollout import collect_stepwise, make_group_env
 
@@ -294,7 +293,7 @@ def test_alfworld_rule_judge_credits_the_rounds_that_make_goal_facts_true():
     pytest.importorskip("textworld")
     from agentgym.envs.alfworld import TASK_TYPES
     from agentgym.envs.alfworld.data import task_type_of
-    from agentgym.wrappers import GroupVectorEnv
+    from agentgym.vector import GroupVectorEnv
 
     probe = gym.make("AgentGym/ALFWorld-Synthetic-v0").unwrapped
     first: dict[str, int] = {}

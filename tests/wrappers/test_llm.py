@@ -554,7 +554,7 @@ def test_wrapped_env_passes_check_env_and_pickles():
 
 
 def test_stack_inside_group_vector_env():
-    group = pytest.importorskip("agentgym.wrappers.group")
+    group = pytest.importorskip("agentgym.vector")
     spec = gym.envs.registration.EnvSpec("AgentGymTest/Counter-v0", entry_point=CounterEnv)
     venv = group.GroupVectorEnv(
         spec, num_groups=2, group_size=2, wrappers=[(make_llm_env, {"history_length": 2})]

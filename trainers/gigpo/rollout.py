@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from agentgym.wrappers import GroupVectorEnv, Trajectory
+from agentgym.vector import GroupVectorEnv, Trajectory
 from agentgym.wrappers.llm import PromptTemplate, make_llm_env
 from trainers.gigpo.policy import Generation, Policy
 

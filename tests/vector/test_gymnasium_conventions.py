@@ -16,7 +16,7 @@ from gymnasium.wrappers import vector as vector_wrappers
 
 import agentgym  # noqa: F401 - registers the ids
 from agentgym.rollout import random_policy
-from agentgym.wrappers import GroupVectorEnv
+from agentgym.vector import GroupVectorEnv
 
 ENV = "AgentGym/Corridor-v0"
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import agentgym  # noqa: F401 - registers the ids
-from agentgym.wrappers import GroupVectorEnv
+from agentgym.vector import GroupVectorEnv
 
 ENV = "AgentGym/Corridor-v0"
 REPO = Path(__file__).resolve().parents[2]
@@ -342,9 +342,9 @@ def test_script_defining_its_own_wrapper_needs_the_guard_and_says_so(tmp_path):
 # ----------------------------------------------------------------------------------------------
 CTRL_C_SCRIPT = """
 import sys
-from agentgym.wrappers import GroupVectorEnv
+from agentgym.vector import GroupVectorEnv
 sys.path.insert(0, {tests!r})
-from test_group_faults import Faulty
+from test_faults import Faulty
 
 if __name__ == "__main__":
     vec = GroupVectorEnv("AgentGym/Corridor-v0", num_groups=4, group_size=2, backend="process",

@@ -20,8 +20,7 @@ import pytest
 import agentgym  # noqa: F401 - registers the ids
 from agentgym.core import SnapshotMismatch
 from agentgym.rollout import random_policy
-from agentgym.wrappers import GroupVectorEnv
-from agentgym.wrappers.group import EnvError, EnvFactory, GroupEnvSnapshot
+from agentgym.vector import EnvError, EnvFactory, GroupEnvSnapshot, GroupVectorEnv
 from agentgym.wrappers.llm import make_llm_env
 
 ENV = "AgentGym/Corridor-v0"

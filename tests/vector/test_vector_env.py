@@ -12,7 +12,7 @@ import pytest
 
 import agentgym  # noqa: F401 - registers the ids
 from agentgym.rollout import random_policy, run_group_rollout, state_group_stats
-from agentgym.wrappers import GroupVectorEnv
+from agentgym.vector import GroupVectorEnv
 
 ENV = "AgentGym/Corridor-v0"
 

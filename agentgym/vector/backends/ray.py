@@ -1,0 +1,158 @@
+"""``backend="ray"``: the same shards as Ray actors, spread over the machines of a Ray cluster,
+and the reference count that shuts down a Ray the vector env started itself."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from agentgym.vector.backends.host import EnvHost, bootstrap_worker
+from agentgym.vector.backends.sharded import ShardedBackend
+from agentgym.vector.factory import EnvFactory
+from agentgym.vector.failures import Failure, WorkerDied
+
+__all__ = ["RayBackend", "RaySession"]
+
+
+class _RayWorker(EnvHost):
+    """The Ray actor: a bootstrapped worker process holding one shard of envs."""
+
+    def __init__(self, factory: EnvFactory, num_envs: int):
+        bootstrap_worker()
+        super().__init__(factory, num_envs)
+
+
+class RayBackend(ShardedBackend):
+    """Ray actors, one per shard, on whatever nodes the Ray cluster has (``ray.init`` first to
+    join a cluster; otherwise a local one is started). ``ray_options`` go to ``.options()``
+    (e.g. ``{"num_cpus": 1, "resources": {...}}``)."""
+
+    def __init__(
+        self,
+        factory: EnvFactory,
+        num_envs: int,
+        num_workers: int | None,
+        timeout: float,
+        ray_options: dict[str, Any] | None = None,
+        address: str | None = None,
+    ):
+        try:
+            import ray
+        except ImportError as exc:
+            raise ImportError('backend="ray" needs Ray: pip install "agentgym-envs[ray]"') from exc
+        super().__init__(factory, num_envs, num_workers, timeout)
+        self.ray = ray
+        self.owns_ray = RaySession.acquire(ray, address)
+        self.actor_cls = ray.remote(_RayWorker).options(**{"num_cpus": 1, **(ray_options or {})})
+        self.actors = [self._spawn(w) for w in range(len(self.slices))]
+        self.booting: set[int] = set()  # restarted actors not yet known to have built their envs
+        # wait until every actor has built its envs, so construction errors surface here
+        for w, actor in enumerate(self.actors):
+            try:
+                ray.get(actor.run.remote("step", []), timeout=max(timeout, 600.0))
+            except ray.exceptions.RayActorError as exc:
+                self.close()
+                raise RuntimeError(f"env worker {w} failed to build its envs:\n{exc}") from exc
+            except ray.exceptions.GetTimeoutError as exc:
+                self.close()
+                cpus = ray.cluster_resources().get("CPU", 0)
+                raise RuntimeError(
+                    f"Ray did not start env worker {w} of {len(self.actors)} within "
+                    f"{max(timeout, 600.0):g} s (the cluster has {cpus:g} CPUs; each worker asks "
+                    "for ray_options['num_cpus'], default 1): lower num_workers or num_cpus"
+                ) from exc
+
+    def _spawn(self, w: int):
+        a, b = self.slices[w]
+        return self.actor_cls.remote(self.factory, b - a)
+
+    def _submit(self, w: int, cmd: str, payload: list[tuple]):
+        return self.actors[w].run.remote(cmd, payload)
+
+    def _gather(self, handles: dict[int, Any], deadline: float) -> dict[int, Any]:
+        ray = self.ray
+        refs = list(handles.values())
+        ready, _ = ray.wait(
+            refs, num_returns=len(refs), timeout=max(deadline - time.monotonic(), 0.0)
+        )
+        ready_set = set(ready)
+        out: dict[int, Any] = {}
+        for w, ref in handles.items():
+            if ref not in ready_set:
+                ray.kill(self.actors[w], no_restart=True)
+                out[w] = WorkerDied(
+                    f"env worker {w} (Ray actor) did not answer within {self.timeout:g} s; "
+                    "it was stopped"
+                )
+                continue
+            try:
+                out[w] = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                out[w] = WorkerDied(f"env worker {w} (Ray actor) died: {type(exc).__name__}")
+            except ray.exceptions.RayError as exc:
+                out[w] = Failure(
+                    f"env worker {w} could not run the request", raised=True, traceback=str(exc)
+                )
+        return out
+
+    def _restart(self, w: int) -> None:
+        self.ray.kill(self.actors[w], no_restart=True)
+        self.actors[w] = self._spawn(w)
+        self.booting.add(w)
+
+    def _prepare(self, workers: Sequence[int]) -> None:
+        # A restarted actor first starts a process and builds its envs, which can take longer
+        # than a step (a loaded machine, data to load): wait for that with the construction
+        # allowance, so its first reset is not cut off by the step timeout.
+        booting = [w for w in workers if w in self.booting]
+        if not booting:
+            return
+        handles = {w: self._submit(w, "step", []) for w in booting}
+        answers = self._gather(handles, time.monotonic() + max(self.timeout, 600.0))
+        for w, out in answers.items():
+            self.booting.discard(w)
+            if isinstance(out, WorkerDied | Failure):
+                raise RuntimeError(f"env worker {w} failed to build its envs: {out}")
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for actor in getattr(self, "actors", ()):
+            self.ray.kill(actor, no_restart=True)
+        if self.owns_ray:
+            RaySession.release(self.ray)
+
+
+class RaySession:
+    """The Ray that GroupVectorEnv initialised, shared by its Ray backends, shut down with the last.
+
+    A Ray the user initialised before building the env (``ray.init(...)``: a local one or a
+    cluster) is theirs and stays up after ``close()``. One that a backend started locally, or
+    joined through ``ray_address``, is ended (or disconnected from) when the last env using it
+    closes, so that a script leaves no Ray processes behind.
+    """
+
+    users = 0
+    """open Ray backends using the Ray that GroupVectorEnv initialised (0: none, or the user's)"""
+
+    @classmethod
+    def acquire(cls, ray: Any, address: str | None) -> bool:
+        """Join the current Ray or initialise one; True when the caller must :meth:`release`."""
+        if ray.is_initialized():
+            if cls.users == 0:
+                return False  # the user's Ray
+            cls.users += 1
+            return True
+        ray.init(
+            address=address, include_dashboard=False, log_to_driver=False, configure_logging=False
+        )
+        cls.users = 1
+        return True
+
+    @classmethod
+    def release(cls, ray: Any) -> None:
+        cls.users = max(cls.users - 1, 0)
+        if cls.users == 0:
+            ray.shutdown()
