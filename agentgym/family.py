@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import warnings
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
@@ -166,6 +167,14 @@ def family_spec(name: str) -> FamilySpec | None:
         return _SPECS[name]
     module = _MODULES.get(name)
     spec = _find_spec(module) if module is not None else None
+    if module is not None and spec is None:
+        # said once per family (the answer is cached): a forgotten FAMILY must not pass silently
+        warnings.warn(
+            f"the {name!r} family's package ({module}) declares no FAMILY: its envs get the "
+            "generic prompt, no rule judge and no trainer defaults; define "
+            "FAMILY = agentgym.family.FamilySpec(...) in it",
+            stacklevel=2,
+        )
     _SPECS[name] = spec
     return spec
 

@@ -14,6 +14,7 @@ import dataclasses
 import importlib
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -215,6 +216,21 @@ def test_the_old_tables_still_answer():
     finally:
         del PROMPT_TEMPLATES["mine"]
     assert "mine" not in PROMPT_TEMPLATES
+
+
+def test_a_family_without_a_spec_is_said_once(tmp_path, monkeypatch):
+    (tmp_path / "barefam.py").write_text("class Bare:\n    family = 'bare'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(families._MODULES, "bare", "barefam")
+    try:
+        with pytest.warns(UserWarning, match="'bare' family's package .* declares no FAMILY"):
+            assert family_spec("bare") is None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert family_spec("bare") is None and "bare" not in PROMPT_TEMPLATES
+    finally:
+        families._SPECS.pop("bare", None)
+        sys.modules.pop("barefam", None)
 
 
 def test_trainer_defaults_never_state_a_step_cap():
