@@ -19,10 +19,19 @@ Measures (medians over ``--repeats``; ratios against stock measured in the same 
     admissible commands, full episodes (cap 50 steps), in-process and process-pool backends:
     env steps/s.
 
+Step and reset figures come as per-call medians and as total-time ratios (the summed time of
+all steps, or of all resets plus steps, stock / ours, per repeat; median over repeats): a
+rollout's wall clock follows the total, which slow outliers weigh on and a median hides.
+Stock and ours alternate game by game, so load on a shared machine hits both alike.
+
 Data: ``--data DIR`` or ``$ALFWORLD_DATA`` (the folder holding json_2.1.1); without either, the
-valid_seen archive from ../shared/data/alfworld is unpacked into a temporary folder.
+``--split`` archive from ../shared/data/alfworld (``json_2.1.1-<split>.tar.xz``) is unpacked into
+a temporary folder. ``--split valid_train`` gives games our engine was not developed against
+(held-out; ALFWorld's valid_unseen archive is not bundled there).
 
     python benchmarks/bench_alfworld.py                 # writes benchmarks/results/alfworld.json
+    python benchmarks/bench_alfworld.py --split valid_train --games 8 --steps 30 --skip memory group \
+        --out benchmarks/results/alfworld_valid_train.json
     python benchmarks/bench_alfworld.py --quick         # a smoke run
 """
 
@@ -46,10 +55,10 @@ SHARED = Path(os.environ.get("AGENTGYM_SHARED_DATA", REPO / ".." / "shared" / "d
 GARBAGE = ["put nothing in/on nowhere 1", "Go to bed 1", "look around", "", "jump"]
 
 
-def _data_root(arg: str | None) -> tuple[Path, tempfile.TemporaryDirectory | None]:
+def _data_root(arg: str | None, split: str) -> tuple[Path, tempfile.TemporaryDirectory | None]:
     if arg or os.environ.get("ALFWORLD_DATA"):
         return Path(arg or os.environ["ALFWORLD_DATA"]), None
-    archive = SHARED / "alfworld" / "json_2.1.1-valid_seen.tar.xz"
+    archive = SHARED / "alfworld" / f"json_2.1.1-{split}.tar.xz"
     if not archive.is_file():
         sys.exit("no ALFWorld data: pass --data DIR, set ALFWORLD_DATA, or provide " + str(archive))
     tmp = tempfile.TemporaryDirectory(prefix="alfworld-bench-")
@@ -94,8 +103,10 @@ def bench_steps_and_resets(root: Path, split: str, seqs, repeats: int) -> dict:
     env = ALFWorldEnv(data_root=root, split=split, max_episode_steps=None)
     paths = dict(list_games(root, split))
     stock_step, ours_step, stock_reset, cold_reset, warm_reset = [], [], [], [], []
+    totals: dict[str, list[float]] = {"step": [], "episode_cold": [], "reset_cold": []}
     mismatches = compared = 0
     for r in range(repeats):
+        first = (len(stock_step), len(ours_step), len(stock_reset), len(cold_reset))
         for tid, commands in seqs:
             # -- stock (reset reloads and re-translates the game every time)
             stock = StockALFWorld(paths[tid])
@@ -125,7 +136,17 @@ def bench_steps_and_resets(root: Path, split: str, seqs, repeats: int) -> dict:
                 ours_out.append((obs, info["admissible_actions"]))
             compared += len(ours_out)
             mismatches += sum(a != b for a, b in zip(ours_out, stock_out, strict=True))
-        print(f"  repeat {r + 1}/{repeats}: {len(stock_step)} stock steps so far", flush=True)
+        # total time of this repeat's calls, stock / ours (a rollout's wall clock follows this)
+        s_steps, o_steps = sum(stock_step[first[0] :]), sum(ours_step[first[1] :])
+        s_resets, o_resets = sum(stock_reset[first[2] :]), sum(cold_reset[first[3] :])
+        totals["step"].append(s_steps / o_steps)
+        totals["reset_cold"].append(s_resets / o_resets)
+        totals["episode_cold"].append((s_steps + s_resets) / (o_steps + o_resets))
+        print(
+            f"  repeat {r + 1}/{repeats}: {len(stock_step)} stock steps so far; total-time "
+            f"ratios step {totals['step'][-1]:.0f}x, reset {totals['reset_cold'][-1]:.0f}x",
+            flush=True,
+        )
     fresh_step = list(ours_step)  # steps on a game just loaded: no cached operators/texts yet
     # our steps are cheap: replay them more times for a stable median
     for _ in range(9):
@@ -153,7 +174,19 @@ def bench_steps_and_resets(root: Path, split: str, seqs, repeats: int) -> dict:
         "ours_reset_warm_ms": 1e3 * med(warm_reset),
         "reset_speedup_cold": med(stock_reset) / med(cold_reset),
         "reset_speedup_warm": med(stock_reset) / med(warm_reset),
+        # sums over each repeat's interleaved calls (games just loaded), median over repeats
+        "step_total_time_ratio": med(totals["step"]),
+        "reset_cold_total_time_ratio": med(totals["reset_cold"]),
+        "episode_total_time_ratio": med(totals["episode_cold"]),
+        "total_time_ratios_per_repeat": totals,
+        "stock_step_p99_ms": 1e3 * _p99(stock_step),
+        "ours_step_fresh_game_p99_ms": 1e3 * _p99(fresh_step),
     }
+
+
+def _p99(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(0.99 * len(xs)))]
 
 
 _MEMORY_CHILD = r"""
@@ -270,7 +303,9 @@ def main() -> None:
         args.games, args.steps, args.repeats = 2, 8, 1
     import agentgym  # noqa: F401 - registers the ids
 
-    root, tmp = _data_root(args.data)
+    load_before = os.getloadavg()[0]
+
+    root, tmp = _data_root(args.data, args.split)
     try:
         print(f"ALFWorld benchmark on {root} ({args.split})", flush=True)
         seqs = _sequences(root, args.split, args.games, args.steps)
@@ -297,6 +332,7 @@ def main() -> None:
         "python": platform.python_version(),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "note": "shared machine: ratios are measured in the same run; absolute times vary with load",
+        "load_average_1min_before_after": [load_before, os.getloadavg()[0]],
         "split": args.split,
         "repeats": args.repeats,
         **results,
@@ -326,6 +362,11 @@ def main() -> None:
     print(
         f"{'reset, parsed game (ms)':32}{s['stock_reset_ms']:>12.1f}{s['ours_reset_warm_ms']:>12.3f}"
         f"{s['reset_speedup_warm']:>9.0f}x"
+    )
+    print(
+        f"{'total time, steps':32}{'':>24}{s['step_total_time_ratio']:>9.1f}x\n"
+        f"{'total time, cold resets':32}{'':>24}{s['reset_cold_total_time_ratio']:>9.1f}x\n"
+        f"{'total time, resets + steps':32}{'':>24}{s['episode_total_time_ratio']:>9.1f}x"
     )
     print(f"{'mismatches / compared':32}{s['mismatches']:>12d}{s['compared_observations']:>12d}")
     if "memory" in results:

@@ -10,12 +10,16 @@ admissible actions. At the end the script counts how many steps landed in a stat
 trajectory of the same group also visited (``observation.state_key`` is equal exactly when the
 env's canonical state is), which is what step-level credit assignment groups on.
 
+With ``--tools`` the same episodes are played the way a tool-calling agent plays them: through
+OpenEnv's ``MCPToolClient`` and the env's one tool, ``act(action)``, which answers with the
+observation text followed by the admissible actions (or the end of the episode).
+
     python examples/openenv_client.py                      # starts its own server, then plays
+    python examples/openenv_client.py --tools              # the same, through the act tool
     agentgym serve AgentGym/Sokoban-v0 --port 8000 &       # or against a running server:
     python examples/openenv_client.py --url http://127.0.0.1:8000
 
-Needs openenv-core: pip install -e ".[openenv]" in a clone of agentgym (not on the package index
-yet).
+Needs openenv (>= 0.10): pip install -e ".[openenv]" in a clone of agentgym (not on the package index yet).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 import httpx
+from openenv.core.mcp_client import MCPToolClient
 
 from agentgym.integrations.openenv import AgentGymEnvClient
 
@@ -53,10 +58,34 @@ async def play_one(url: str, seed: int, policy_seed: int) -> list[tuple[str, flo
     return steps
 
 
-async def rollout(url: str, groups: int, group_size: int, seed: int) -> None:
+async def play_with_tools(url: str, seed: int, policy_seed: int) -> list[tuple[str, float]]:
+    """One trajectory through the ``act`` tool, reading actions off the text it returns.
+
+    The tool's answer is all a tool-calling model sees: no reward or state key, so each step
+    records ("", 0.0), and the last entry says whether the episode was won.
+    """
+    rng = random.Random(policy_seed)
+    steps: list[tuple[str, float]] = []
+    async with MCPToolClient(base_url=url) as env:
+        result = await env.reset(seed=seed)
+        text = (
+            result.observation.text
+            + "\nAdmissible actions: "
+            + ", ".join(result.observation.admissible_actions or ["look"])
+        )
+        while "The episode is over" not in text:
+            listed = text.rsplit("Admissible actions: ", 1)[-1]
+            text = await env.call_tool("act", action=rng.choice(listed.split(", ")))
+            steps.append(("", 0.0))
+        steps.append(("won" if text.endswith("you won.") else "lost", 0.0))
+    return steps
+
+
+async def rollout(url: str, groups: int, group_size: int, seed: int, tools: bool = False) -> None:
     t0 = time.perf_counter()
+    play = play_with_tools if tools else play_one
     jobs = [
-        play_one(url, seed=seed + g, policy_seed=seed * 10_000 + g * group_size + i)
+        play(url, seed=seed + g, policy_seed=seed * 10_000 + g * group_size + i)
         for g in range(groups)
         for i in range(group_size)
     ]
@@ -71,14 +100,18 @@ async def rollout(url: str, groups: int, group_size: int, seed: int) -> None:
         for traj in group:
             wins += traj[-1][0] == "won"
             n_steps += len(traj) - 1
-            shared += sum(visits[key] > 1 for key, _ in traj[:-1])
+            shared += sum(visits[key] > 1 for key, _ in traj[:-1] if key)
     episodes = groups * group_size
-    print(
+    summary = (
         f"{episodes} episodes in {groups} groups: {wins}/{episodes} won, {n_steps} steps "
-        f"({n_steps / seconds:,.0f} steps/s over the wire, {episodes} concurrent sessions); "
-        f"{shared / max(n_steps, 1):.0%} of steps reached a state another trajectory of their "
-        "group also reached"
+        f"({n_steps / seconds:,.0f} steps/s over the wire, {episodes} concurrent sessions)"
     )
+    if not tools:  # tool answers carry no state key
+        summary += (
+            f"; {shared / max(n_steps, 1):.0%} of steps reached a state another trajectory of "
+            "their group also reached"
+        )
+    print(summary)
 
 
 @contextlib.contextmanager
@@ -115,12 +148,13 @@ def main() -> None:
     p.add_argument("--groups", type=int, default=2, help="tasks")
     p.add_argument("--group-size", type=int, default=4, help="trajectories per task")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tools", action="store_true", help="play through the MCP tool act(action)")
     args = p.parse_args()
     if args.url:
-        asyncio.run(rollout(args.url, args.groups, args.group_size, args.seed))
+        asyncio.run(rollout(args.url, args.groups, args.group_size, args.seed, args.tools))
         return
     with local_server(args.env, max_sessions=args.groups * args.group_size) as url:
-        asyncio.run(rollout(url, args.groups, args.group_size, args.seed))
+        asyncio.run(rollout(url, args.groups, args.group_size, args.seed, args.tools))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Serve agentgym envs over OpenEnv's protocol, and talk to them with OpenEnv's client.
 
-`OpenEnv <https://github.com/meta-pytorch/OpenEnv>`_ (``openenv-core``) is the env protocol that
-TRL, torchforge, ART, Unsloth and NeMo Gym speak: a server exposes ``reset`` / ``step`` /
-``state`` over a WebSocket (``/ws``, one env per connection) and HTTP, and a client subclass of
-``openenv.core.EnvClient`` drives it. This module holds the agentgym side of that protocol:
+`OpenEnv <https://github.com/huggingface/OpenEnv>`_ (the ``openenv`` package, >= 0.10) is the env
+protocol that TRL, torchforge, ART, Unsloth and NeMo Gym speak: a server exposes ``reset`` /
+``step`` / ``state`` over a WebSocket (``/ws``, one env per connection) and HTTP, MCP tools over
+``/mcp``, and a client subclass of ``openenv.core.EnvClient`` drives it. This module holds the
+agentgym side of that protocol, built on OpenEnv's public API only:
 
 - :class:`AgentGymAction`: ``{"text": "<the action>"}``, the text the env receives.
 - :class:`AgentGymObservation`: the observation text, ``reward``, ``done`` (= terminated or
@@ -12,9 +13,15 @@ TRL, torchforge, ART, Unsloth and NeMo Gym speak: a server exposes ``reset`` / `
   ``action_valid``, ``won``, ``score``) plus the family's other keys in ``info``.
 - :class:`ServedEnvironment`: an OpenEnv ``Environment`` around one agentgym env; the server
   (:mod:`agentgym.integrations.openenv_server`, ``agentgym serve ID``) builds one per session.
+  For tool-calling agents it also exposes the env's action as one MCP tool, ``act(action)``,
+  as the TRL ``environment_factory`` adapter does (:mod:`agentgym.integrations.trl`).
 - :class:`AgentGymEnvClient`: OpenEnv's ``EnvClient`` typed for these messages.
 
-Importing this module needs ``openenv-core``; without it the import raises one line naming the
+Text crossing the wire is made valid Unicode first (:func:`text_safe`: a lone surrogate, which
+JSON can carry but UTF-8 cannot, becomes U+FFFD), both in the action before the env sees it and
+in everything sent back, so a step that was applied is always answered.
+
+Importing this module needs ``openenv``; without it the import raises one line naming the
 extra (``pip install "agentgym-envs[openenv]"``). ``import agentgym`` never imports it.
 
 Example (a server started with ``agentgym serve AgentGym/Sokoban-v0 --port 8000``)::
@@ -29,9 +36,12 @@ Example (a server started with ``agentgym serve AgentGym/Sokoban-v0 --port 8000`
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
+import re
 import struct
+import threading
 import uuid
 from collections.abc import Hashable
 from typing import Any
@@ -48,7 +58,7 @@ try:
     from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 except ImportError as exc:  # one line naming the extra, not a traceback into openenv
     raise MissingExtra(
-        f"agentgym.integrations.openenv needs openenv-core, not installed: {install_hint('openenv')}"
+        f"agentgym.integrations.openenv needs openenv, not installed: {install_hint('openenv')}"
     ) from exc
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
@@ -62,6 +72,8 @@ __all__ = [
     "SessionError",
     "render_state_key",
     "json_safe",
+    "text_safe",
+    "describe",
 ]
 
 
@@ -105,6 +117,8 @@ class AgentGymState(State):
     task_id: str | None = Field(default=None, description="task of the current episode")
     state_key: str | None = Field(default=None, description="digest of the canonical state")
     done: bool = Field(default=False, description="the current episode has ended")
+    episode_return: float = Field(default=0.0, description="sum of the episode's rewards so far")
+    won: bool = Field(default=False, description="the current episode's task is solved")
 
 
 class _ResetParams(BaseModel):
@@ -171,21 +185,41 @@ def _feed(h: Any, value: Any) -> None:
         h.update(b"r" + type(value).__qualname__.encode() + b":" + text)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def text_safe(text: str) -> str:
+    """``text`` with every lone surrogate (U+D800..U+DFFF) replaced by U+FFFD.
+
+    JSON's ``"\\ud800"`` escape decodes to such a code point, which no UTF-8 encoder accepts;
+    replacing it where text enters and leaves the server keeps every answer serialisable.
+    Text without surrogates (the usual case) is returned as is after one ``encode`` check.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
+
+
 def json_safe(value: Any) -> Any:
     """``value`` with every part JSON can't hold turned into one it can.
 
     Tuples and sets become lists (sets sorted by their text, so the order is stable), dict keys
-    strings, bytes UTF-8 text (undecodable bytes replaced), numpy scalars and arrays Python
-    numbers and lists, non-finite floats None, anything else its ``str``.
+    strings, text valid Unicode (:func:`text_safe`), bytes UTF-8 text (undecodable bytes
+    replaced), numpy scalars and arrays Python numbers and lists, non-finite floats None,
+    anything else its ``str``.
     """
-    if value is None or isinstance(value, (bool, int, str)):
+    if isinstance(value, str):
+        return text_safe(value)
+    if value is None or isinstance(value, (bool, int)):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
+        return {text_safe(str(k)): json_safe(v) for k, v in value.items()}
     if isinstance(value, (set, frozenset)):
         return sorted((json_safe(v) for v in value), key=str)
     if isinstance(value, (bytes, bytearray)):
@@ -193,7 +227,7 @@ def json_safe(value: Any) -> Any:
     tolist = getattr(value, "tolist", None)  # numpy scalars and arrays
     if callable(tolist):
         return json_safe(tolist())
-    return str(value)
+    return text_safe(str(value))
 
 
 def make_observation(
@@ -207,14 +241,14 @@ def make_observation(
     extra = {k: v for k, v in info.items() if k not in _CONTRACT_KEYS}
     admissible = info.get("admissible_actions")
     return AgentGymObservation(
-        text=obs,
+        text=text_safe(obs),
         reward=None if reward is None else float(reward),
         done=bool(terminated or truncated),
         terminated=bool(terminated),
         truncated=bool(truncated),
         state_key=render_state_key(info["state_key"]),
-        task_id=str(info["task_id"]),
-        admissible_actions=None if admissible is None else [str(a) for a in admissible],
+        task_id=text_safe(str(info["task_id"])),
+        admissible_actions=None if admissible is None else [text_safe(str(a)) for a in admissible],
         action_valid=bool(info["action_valid"]),
         won=bool(info["won"]),
         score=float(info["score"]),
@@ -223,6 +257,20 @@ def make_observation(
 
 
 _CONTRACT_KEYS = frozenset(INFO_KEYS)
+
+
+def describe(observation: AgentGymObservation) -> str:
+    """The text a tool call returns: the observation, then the admissible actions or the end.
+
+    The same rendering as the TRL ``environment_factory`` adapter's ``act`` tool, so a model
+    sees the same text whichever way it plays.
+    """
+    text = observation.text
+    if observation.done:
+        return text + "\nThe episode is over" + (": you won." if observation.won else ".")
+    if observation.admissible_actions:
+        text += "\nAdmissible actions: " + ", ".join(observation.admissible_actions)
+    return text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,6 +293,11 @@ class ServedEnvironment(Environment[AgentGymAction, AgentGymObservation, AgentGy
     env does not have raise :class:`agentgym.core.ResetOptionError` saying what is accepted.
     ``step`` before any ``reset``, or after :meth:`close`, raises :class:`SessionError`.
     An unusable action is not an error: it is an observation with ``action_valid=False``.
+
+    Tools: :attr:`mcp_server` is a FastMCP server holding one tool, ``act(action)`` (the same
+    name, argument and returned text as the TRL adapter's tool), which steps this session's
+    episode; OpenEnv's server answers MCP ``tools/list`` / ``tools/call`` from it, over ``/mcp``
+    (with the session id of ``openenv/session/create``) or as ``mcp`` messages on ``/ws``.
     """
 
     SUPPORTS_CONCURRENT_SESSIONS = True  # every session builds its own env (see the docstring)
@@ -262,6 +315,10 @@ class ServedEnvironment(Environment[AgentGymAction, AgentGymObservation, AgentGy
         self._env: gym.Env | None = None
         self._state = AgentGymState(env_id=env_id)
         self._closed_reason: str | None = None
+        # one episode, two ways in (WebSocket steps and MCP tool calls may come from different
+        # threads): steps and resets of this session never overlap
+        self._lock = threading.RLock()
+        self._mcp_server: Any = None
 
     # -- OpenEnv's interface -------------------------------------------------------------------
     def reset(
@@ -285,44 +342,83 @@ class ServedEnvironment(Environment[AgentGymAction, AgentGymObservation, AgentGy
                 f"bad reset message ({problems}); reset takes seed (int >= 0), episode_id (str) "
                 "and options (a dict such as {'task': 3})"
             ) from None
-        self._check_open()
-        if self._env is None:
-            self._env = self._make_env()
-        try:
-            obs, info = self._env.reset(seed=params.seed, options=params.options)
-        except BaseException:
-            # a reset that raised may leave wrappers half-updated (gymnasium's passive checker then
-            # fails the next step), so the session starts over from a fresh env on its next reset
-            self._env.close()
-            self._env = None
-            self._state = AgentGymState(env_id=self.env_id)
-            raise
-        observation = make_observation(obs, info)
-        self._state = AgentGymState(
-            env_id=self.env_id,
-            episode_id=params.episode_id or uuid.uuid4().hex,
-            step_count=0,
-            task_id=observation.task_id,
-            state_key=observation.state_key,
-            done=False,
-        )
-        return observation
+        with self._lock:
+            self._check_open()
+            if self._env is None:
+                self._env = self._make_env()
+            try:
+                obs, info = self._env.reset(seed=params.seed, options=params.options)
+            except BaseException:
+                # a reset that raised may leave wrappers half-updated (gymnasium's passive checker
+                # then fails the next step), so the session starts over from a fresh env
+                self._env.close()
+                self._env = None
+                self._state = AgentGymState(env_id=self.env_id)
+                raise
+            observation = make_observation(obs, info)
+            self._state = AgentGymState(
+                env_id=self.env_id,
+                episode_id=params.episode_id or uuid.uuid4().hex,
+                step_count=0,
+                task_id=observation.task_id,
+                state_key=observation.state_key,
+                done=False,
+            )
+            return observation
 
     def step(
         self, action: AgentGymAction, timeout_s: float | None = None, **kwargs: Any
     ) -> AgentGymObservation:
-        self._check_open()
-        if self._env is None or self._state.episode_id is None:
-            raise SessionError(
-                f"{self.env_id}: no episode to step yet; send reset first (over HTTP every call "
-                "gets a fresh env, so episodes need the WebSocket session at /ws)"
-            )
-        obs, reward, terminated, truncated, info = self._env.step(action.text)
-        observation = make_observation(obs, info, reward, terminated, truncated)
-        self._state.step_count += 1
-        self._state.state_key = observation.state_key
-        self._state.done = observation.done
-        return observation
+        with self._lock:
+            self._check_open()
+            if self._env is None or self._state.episode_id is None:
+                raise SessionError(
+                    f"{self.env_id}: no episode to step yet; send reset first (over HTTP every "
+                    "call gets a fresh env, so episodes need the WebSocket session at /ws)"
+                )
+            # the env sees exactly the text the client will see echoed back (parsed_action...)
+            obs, reward, terminated, truncated, info = self._env.step(text_safe(action.text))
+            observation = make_observation(obs, info, reward, terminated, truncated)
+            self._state.step_count += 1
+            self._state.state_key = observation.state_key
+            self._state.done = observation.done
+            self._state.episode_return += observation.reward or 0.0
+            self._state.won = observation.won
+            return observation
+
+    def act(self, action: str) -> str:
+        """Take one action in the environment and see what happens.
+
+        Args:
+            action: The action to take, written as the observation asks (for example one of the
+                admissible actions it lists).
+
+        Returns:
+            The environment's observation after the action.
+        """
+        with self._lock:
+            if self._env is None or self._state.episode_id is None:
+                return "No episode is running."
+            if self._state.done:
+                return "The episode is over; no more actions are taken."
+            return describe(self.step(AgentGymAction(text=action)))
+
+    @property
+    def mcp_server(self) -> Any:
+        """A FastMCP server with this session's ``act`` tool (built on first use)."""
+        if self._mcp_server is None:
+            from fastmcp import FastMCP
+
+            server = FastMCP(name=f"agentgym {self.env_id}")
+
+            async def act(action: str) -> str:
+                # off the event loop: OpenEnv awaits the tool there
+                return await asyncio.to_thread(self.act, action)
+
+            act.__doc__ = ServedEnvironment.act.__doc__
+            server.tool(act)
+            self._mcp_server = server
+        return self._mcp_server
 
     @property
     def state(self) -> AgentGymState:
@@ -338,11 +434,12 @@ class ServedEnvironment(Environment[AgentGymAction, AgentGymObservation, AgentGy
 
     def close(self) -> None:
         """Close the env; later calls raise :class:`SessionError` (idempotent)."""
-        if self._closed_reason is None:
-            self._closed_reason = "this session was closed; open a new connection"
-        if self._env is not None:
-            self._env.close()
-            self._env = None
+        with self._lock:
+            if self._closed_reason is None:
+                self._closed_reason = "this session was closed; open a new connection"
+            if self._env is not None:
+                self._env.close()
+                self._env = None
 
     # -- helpers --------------------------------------------------------------------------------
     def _make_env(self) -> gym.Env:
@@ -352,10 +449,6 @@ class ServedEnvironment(Environment[AgentGymAction, AgentGymObservation, AgentGy
 
             env = make_llm_env(env, **self.llm)
         return env
-
-    def expire(self, reason: str) -> None:
-        """Record why the server is about to close this session, for the next message's error."""
-        self._closed_reason = reason
 
     def _check_open(self) -> None:
         if self._closed_reason is not None:

@@ -2,12 +2,14 @@
 
 agentgym serve AgentGym/Sokoban-v0 --port 8000
 agentgym serve Corridor-v0 --port 8000 --max-sessions 64 --session-timeout 120
-agentgym serve AgentGym/Sokoban-v0 --host 0.0.0.0 --port 8000   # reachable from other hosts
+agentgym serve AgentGym/Sokoban-v0 --host 0.0.0.0 --port 8000   # other hosts too: no auth!
 agentgym serve AgentGym/Sokoban-v0 --port 8000 --llm   # prompts out, raw model text in
 
-Clients connect to ws://HOST:PORT/ws (OpenEnv's ``EnvClient``, e.g.
-``agentgym.integrations.openenv.AgentGymEnvClient``); each connection is one session with its
-own env. Needs ``openenv-core`` (``pip install "agentgym-envs[openenv]"``).
+Clients connect to ws://HOST:PORT/ws (OpenEnv's ``EnvClient``, e.g. its ``GenericEnvClient``
+or ``agentgym.integrations.openenv.AgentGymEnvClient``); each connection is one session with its
+own env. Tool-calling clients (OpenEnv's ``MCPToolClient``) use /mcp: one tool, ``act(action)``.
+The server has no authentication: it binds 127.0.0.1 unless --host says otherwise, and warns
+when it does. Needs ``openenv`` >= 0.10 (in a clone: ``pip install -e ".[openenv]"``).
 """
 
 from __future__ import annotations
@@ -63,6 +65,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Check everything that can fail in one line, then serve until Ctrl-C."""
     try:
         env_id = _resolve(args.env_id)
+        # OpenEnv's server imports gradio, which alone takes seconds: say so before it starts
+        print(
+            f"agentgym serve: starting {env_id}: loading OpenEnv's server...",
+            file=sys.stderr,
+            flush=True,
+        )
         from agentgym.integrations.openenv_server import serve
 
         serve(
@@ -79,7 +87,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"agentgym serve: error: {exc.args[0]}", file=sys.stderr)
         return 2
     except (ImportError, FileNotFoundError, ValueError, TypeError) as exc:
-        # missing openenv-core or the env's extra, missing data, bad --env-kwargs for this env
+        # missing openenv or the env's extra, missing data, bad --env-kwargs for this env
         print(f"agentgym serve: error: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -96,7 +104,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("env_id", help="a registered id, e.g. AgentGym/Sokoban-v0 (or Sokoban-v0)")
     p.add_argument("--port", type=_port, default=8000, help="TCP port (8000)")
     p.add_argument(
-        "--host", default="127.0.0.1", help="address to bind (127.0.0.1: this machine only)"
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (127.0.0.1: this machine only; anything else is reachable by "
+        "others, with no authentication)",
     )
     p.add_argument(
         "--max-sessions",

@@ -1,39 +1,43 @@
 """An OpenEnv server for any agentgym id: ``agentgym serve ID --port P``.
 
-Built on OpenEnv's own ``HTTPEnvServer`` (``openenv-core``), so the wire protocol is OpenEnv's:
+Built on OpenEnv's own ``HTTPEnvServer`` (the ``openenv`` package, public API only), so the wire
+protocol is OpenEnv's:
 
 - ``/ws`` (WebSocket): one session per connection, with its own env. Messages are
   ``{"type": "reset", "data": {"seed": 0, "options": {...}}}``, ``{"type": "step", "data":
-  {"text": "up"}}``, ``{"type": "state"}`` and ``{"type": "close"}``; answers are ``observation``,
-  ``state`` or ``error`` messages (``{"type": "error", "data": {"message", "code"}}``). A bad
-  message (not JSON, wrong types, unknown type, step before reset) gets an error and the session
-  keeps serving.
+  {"text": "up"}}``, ``{"type": "state"}``, ``{"type": "mcp", "data": <JSON-RPC>}`` and
+  ``{"type": "close"}``; answers are ``observation``, ``state``, ``mcp`` or ``error`` messages
+  (``{"type": "error", "data": {"message", "code"}}``). A bad message (not JSON, not an object,
+  nested deeper than :data:`MAX_FRAME_DEPTH`, wrong types, unknown type, step before reset)
+  gets an error and the session keeps serving.
+- ``/mcp`` (JSON-RPC over HTTP or WebSocket): the env's action as one tool, ``act(action)``
+  (``tools/list``, ``tools/call``), on a session made by ``openenv/session/create``; this is
+  what OpenEnv's ``MCPToolClient`` speaks.
 - HTTP: ``POST /reset`` (a fresh env per call: the first observation of a seed), ``GET /health``,
   ``/schema``, ``/metadata``, ``/state``. ``POST /step`` over HTTP answers 409: an episode lives
   in a WebSocket session. Malformed requests get 422 with the reason.
 
-What this module adds to OpenEnv's server: the session bound (``max_sessions``; a connection
-beyond it gets a ``CAPACITY_REACHED`` error and is closed, never queued), an idle timeout that
-is checked often enough for short timeouts (OpenEnv's own reaper wakes every >= 5 s) and that
-tells the client why (an error message, then a close frame with the reason; OpenEnv frees the
-env but leaves the connection open and silent), errors instead of a dropped session for frames
-OpenEnv's handler cannot parse (JSON arrays, numbers, binary frames), and agentgym's errors
-mapped to 4xx.
+What this module adds in front of OpenEnv's server (an ASGI middleware, :class:`_WebSocketGuard`):
+the session bound answered with a reason (a connection beyond ``max_sessions`` gets a
+``CAPACITY_REACHED`` error and is closed, never queued); an idle timeout that closes the
+connection and tells the client why (an error message, then a close frame with the reason);
+errors instead of a dropped session for frames OpenEnv's handler cannot survive (JSON that is
+not an object, binary frames, deep nesting); lone surrogates replaced before OpenEnv decodes a
+frame; a client hanging up is a debug line, not a traceback. agentgym's errors map to 4xx.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import functools
+import ipaddress
 import json
 import logging
 import sys
 import time
 from typing import Any
 
-from fastapi import FastAPI, Request, WebSocketDisconnect
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
@@ -46,18 +50,27 @@ try:
     from openenv.core.env_server.types import ConcurrencyConfig
 except ImportError as exc:  # one line naming the extra, not a traceback into openenv
     raise MissingExtra(
-        f"agentgym serve needs openenv-core, not installed: {install_hint('openenv')}"
+        f"agentgym serve needs openenv, not installed: {install_hint('openenv')}"
     ) from exc
 
 from agentgym.integrations.openenv import (
     AgentGymAction,
     AgentGymObservation,
+    AgentGymState,
     ServedEnvironment,
     SessionError,
     json_safe,
 )
 
-__all__ = ["DEFAULT_MAX_SESSIONS", "DEFAULT_SESSION_TIMEOUT_S", "create_app", "serve"]
+__all__ = [
+    "DEFAULT_MAX_SESSIONS",
+    "DEFAULT_SESSION_TIMEOUT_S",
+    "MAX_FRAME_DEPTH",
+    "bind_warning",
+    "create_app",
+    "is_loopback",
+    "serve",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -65,151 +78,87 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_SESSIONS = 32
 #: seconds a session may stay idle before the server closes it, by default
 DEFAULT_SESSION_TIMEOUT_S = 300.0
-
-
-class _Connection:
-    """One WebSocket connection, as the guard saw it open: how to talk to its client."""
-
-    __slots__ = ("send", "jsonrpc", "closed_by_server")
-
-    def __init__(self, send: Any, jsonrpc: bool):
-        self.send = send
-        self.jsonrpc = jsonrpc
-        self.closed_by_server = False
-
-    async def hang_up(self, reason: str, code: str) -> None:
-        """Send ``reason`` as an error message, then close with it (best effort: it may be gone).
-
-        Called by the reaper while the connection's handler waits for the next message, so
-        nothing else is sending; the client's answer to the close ends that wait.
-        """
-        self.closed_by_server = True
-        with contextlib.suppress(Exception):
-            await self.send(
-                {"type": "websocket.send", "text": _error_frame(reason, self.jsonrpc, code)}
-            )
-            short = reason.encode()[:123].decode(errors="ignore")  # RFC 6455's limit on reasons
-            await self.send({"type": "websocket.close", "code": 1000, "reason": short})
-
-
-#: the connection whose handler is running: OpenEnv's handler creates its session in the task the
-#: guard set this in, which is how the server learns which connection a session belongs to
-_current_connection: contextvars.ContextVar[_Connection | None] = contextvars.ContextVar(
-    "agentgym_openenv_connection", default=None
-)
-
-
-class _AgentGymEnvServer(HTTPEnvServer):
-    """OpenEnv's server with an idle-session reaper that suits short timeouts, says why it
-    closed a session, and closes that session's connection too."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._connections: dict[str, _Connection] = {}
-
-    async def _create_session(self) -> tuple[str, Any]:
-        session_id, env = await super()._create_session()
-        connection = _current_connection.get()
-        if connection is not None:
-            self._connections[session_id] = connection
-        return session_id, env
-
-    async def _destroy_session(self, session_id: str) -> None:
-        self._connections.pop(session_id, None)
-        await super()._destroy_session(session_id)
-
-    async def _reap_idle_sessions(self) -> None:
-        timeout = self._session_idle_timeout_s
-        if timeout is None:
-            return
-        # wake often enough that a session lives at most ~1.25x its timeout (OpenEnv waits >= 5 s)
-        interval = min(max(timeout / 4, 0.05), 5.0)
-        while True:
-            try:
-                await asyncio.sleep(interval)
-                now = time.time()
-                async with self._session_lock:
-                    stale = [
-                        sid
-                        for sid, info in self._session_info.items()
-                        if now - info.last_activity_at > timeout
-                    ]
-                for sid in stale:
-                    async with self._session_lock:  # activity may have arrived since the scan
-                        info = self._session_info.get(sid)
-                        if info is None or time.time() - info.last_activity_at <= timeout:
-                            continue
-                        env = self._sessions.get(sid)
-                    reason = (
-                        f"session closed after {timeout:g} s without a reset or step "
-                        "(--session-timeout); open a new connection"
-                    )
-                    if isinstance(env, ServedEnvironment):
-                        env.expire(reason)  # for a message already on its way
-                    connection = self._connections.get(sid)
-                    await self._destroy_session(sid)
-                    if connection is not None:
-                        await connection.hang_up(reason, "SESSION_ERROR")
-            except asyncio.CancelledError:
-                break
-            except Exception as exc:  # noqa: BLE001 - the reaper must outlive one bad session
-                logger.warning("idle-session reaper: %s: %s (will retry)", type(exc).__name__, exc)
+#: deepest nesting of arrays and objects a message may have; no message of the protocol needs
+#: more than a handful, and OpenEnv's handler ends the session on a frame nested a few hundred
+#: deep (its error reply echoes the input, which pydantic then refuses to serialise)
+MAX_FRAME_DEPTH = 32
+#: message types that count as activity for the idle timeout (as they do for OpenEnv's reaper)
+_ACTIVITY = frozenset({"reset", "step", "mcp"})
 
 
 class _WebSocketGuard:
     """ASGI middleware in front of OpenEnv's WebSocket endpoints (``/ws``, ``/mcp``).
 
-    - A connection beyond the session bound is refused here: accepted, sent a
+    - A new connection beyond the session bound is refused here: accepted, sent a
       ``CAPACITY_REACHED`` error, closed (1013, "try again later") after the client's first
       frame. OpenEnv refuses too, but closes at once, so a client's first send races the close
-      and it often sees a bare "connection closed" instead of the reason.
+      and it often sees a bare "connection closed" instead of the reason. A connection that
+      attaches to an existing session (``?session_id=``, as ``MCPToolClient`` does) takes no
+      new slot and is let through.
     - A frame OpenEnv would die on is answered here with an error, and the session keeps
       serving: OpenEnv's handlers parse each text frame and call ``.get`` on it outside their
-      error handling, so JSON that is not an object (``[1, 2]``, ``3``, ``null``) or a binary
-      frame ends the session. Text that is not JSON at all still reaches OpenEnv, which answers
-      ``INVALID_JSON`` itself.
-    - A client that hangs up first is normal, not a server error: OpenEnv's handler closes the
-      socket in ``finally`` and lets the ``WebSocketDisconnect`` of an already-gone client
-      escape, which uvicorn would log as a traceback on every ordinary disconnect.
+      error handling, so JSON that is not an object (``[1, 2]``, ``3``, ``null``), a binary
+      frame, or a frame nested too deep ends the session. Text that is not JSON at all still
+      reaches OpenEnv, which answers ``INVALID_JSON`` itself.
+    - A frame holding lone surrogates (``"\\ud800"``) reaches OpenEnv with them replaced by
+      U+FFFD: the action the env applies is then text that its answer can carry.
+    - Idle timeout: when no reset, step or mcp message arrives for ``session_timeout`` seconds
+      after the last answer, the client is sent the reason as an error message and a close
+      frame, and OpenEnv's handler sees a disconnect, which frees the session.
+    - A client that hangs up, even mid-step, is normal: later sends to it are dropped and the
+      hang-up is one debug line, never a traceback.
     """
 
     #: how long a refused connection stays open so that the client's first message reads the
     #: capacity error (instead of racing the close: OpenEnv's own refusal closes at once)
     refusal_linger_s = 5.0
+    #: how long to wait for the client's answer to a close frame the server sent
+    close_wait_s = 5.0
 
-    def __init__(self, app: Any, server: HTTPEnvServer):
+    def __init__(self, app: Any, server: HTTPEnvServer, session_timeout: float | None):
         self.app = app
         self.server = server
+        self.session_timeout = session_timeout
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+            return
         if scope["type"] != "websocket":
             await self.app(scope, receive, send)
             return
         jsonrpc = scope.get("path", "").rstrip("/").endswith("/mcp")
-        if self.server.active_sessions >= self.server.max_concurrent_envs:
+        attaches = b"session_id=" in scope.get("query_string", b"")
+        if not attaches and self.server.active_sessions >= self.server.max_concurrent_envs:
             await self._refuse(receive, send, jsonrpc)
             return
+        await _Connection(self, receive, send, jsonrpc).serve(scope)
 
-        connection = _Connection(send, jsonrpc)
-        _current_connection.set(connection)  # this task's context: seen by _create_session
+    async def _http(self, scope: dict, receive: Any, send: Any) -> None:
+        """Pass an HTTP request on with lone surrogates in its JSON body replaced.
 
-        async def checked_receive() -> dict:
-            while True:
-                message = await receive()
-                if message["type"] != "websocket.receive":
-                    return message
-                problem = _frame_problem(message)
-                if problem is None:
-                    return message
-                # the handler is waiting in receive(), so nothing else is sending right now
-                await send({"type": "websocket.send", "text": _error_frame(problem, jsonrpc)})
+        OpenEnv's and FastAPI's answers echo parts of the request (an unknown key, a tool name);
+        one holding a lone surrogate cannot be encoded, which would turn a 4xx into a 500.
+        """
+        chunks, message = [], {"type": "http.request", "more_body": True}
+        while message["type"] == "http.request" and message.get("more_body", False):
+            message = await receive()
+            chunks.append(message.get("body", b""))
+        if message["type"] != "http.request":  # the client left while sending
+            return
+        body = b"".join(chunks)
+        if b"\\u" in body:  # only a \u escape can spell a lone surrogate
+            body = _sanitised_body(body)
+        sent = False
 
-        try:
-            await self.app(scope, checked_receive, send)
-        except (WebSocketDisconnect, RuntimeError) as exc:
-            # RuntimeError: OpenEnv's handler closing a socket the reaper already closed
-            if isinstance(exc, RuntimeError) and not connection.closed_by_server:
-                raise
+        async def replay() -> dict:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: the client's disconnect
+
+        await self.app(scope, replay, send)
 
     async def _refuse(self, receive: Any, send: Any, jsonrpc: bool) -> None:
         """Accept, send the capacity error, wait for the client's first frame, close (1013)."""
@@ -221,34 +170,180 @@ class _WebSocketGuard:
             f"Server at capacity: {active}/{limit} sessions active; close a session or start "
             "the server with a larger --max-sessions"
         )
-        await send(
-            {"type": "websocket.send", "text": _error_frame(problem, jsonrpc, "CAPACITY_REACHED")}
-        )
-        message = {"type": "websocket.receive"}
         try:
-            async with asyncio.timeout(self.refusal_linger_s):
-                message = await receive()
-        except TimeoutError:
-            pass
-        if message["type"] != "websocket.disconnect":
-            await send({"type": "websocket.close", "code": 1013})  # 1013: try again later
+            await send(
+                {
+                    "type": "websocket.send",
+                    "text": _error_frame(problem, jsonrpc, "CAPACITY_REACHED"),
+                }
+            )
+            message = {"type": "websocket.receive"}
+            try:
+                async with asyncio.timeout(self.refusal_linger_s):
+                    message = await receive()
+            except TimeoutError:
+                pass
+            if message["type"] != "websocket.disconnect":
+                await send({"type": "websocket.close", "code": 1013})  # 1013: try again later
+        except OSError as exc:  # the refused client hung up first
+            logger.debug("refused client hung up: %s", exc)
 
 
-def _frame_problem(message: dict) -> str | None:
-    """Why OpenEnv could not survive this frame, or None if it can take it."""
+class _Connection:
+    """One WebSocket connection between its client and OpenEnv's handler (see the guard)."""
+
+    def __init__(self, guard: _WebSocketGuard, receive: Any, send: Any, jsonrpc: bool):
+        self.guard = guard
+        self._receive = receive
+        self._send = send
+        self.jsonrpc = jsonrpc
+        self.gone = False  # the client hung up, or the server closed: nothing more is sent
+        self.pending: asyncio.Task | None = None  # a receive() still waiting for the client
+        self.last_activity = time.monotonic()
+        self.active = False  # the last frame passed to OpenEnv was activity
+
+    async def serve(self, scope: dict) -> None:
+        try:
+            await self.guard.app(scope, self.receive, self.send)
+        except Exception as exc:  # noqa: BLE001 - see below
+            # only a hung-up client is expected here: OpenEnv's handler lets the error of a
+            # send to a closed socket escape from its error handling
+            if not self.gone:
+                raise
+            logger.debug("client hung up: %s: %s", type(exc).__name__, exc)
+        finally:
+            if self.pending is not None and not self.pending.done():
+                self.pending.cancel()
+
+    async def send(self, message: dict) -> None:
+        if self.gone:
+            return  # the client is gone: an answer to it has nowhere to go
+        try:
+            await self._send(message)
+        except OSError as exc:  # uvicorn's ClientDisconnected and its kin
+            self.gone = True
+            logger.debug("client hung up before an answer: %s", exc)
+        if message["type"] == "websocket.close":
+            self.gone = True
+
+    async def receive(self) -> dict:
+        while True:
+            message = await self._next_message()
+            if message["type"] == "websocket.disconnect":
+                self.gone = True
+            if message["type"] != "websocket.receive":
+                return message
+            problem, message, kind = _check_frame(message)
+            if problem is None:
+                if kind in _ACTIVITY or self.jsonrpc:  # on /mcp every request is a tool call
+                    self.active = True
+                return message
+            # the handler is waiting in receive(), so nothing else is sending right now
+            await self.send({"type": "websocket.send", "text": _error_frame(problem, self.jsonrpc)})
+
+    async def _next_message(self) -> dict:
+        """The client's next message, or a disconnect once the session has been idle too long."""
+        now = time.monotonic()
+        if self.active:  # OpenEnv just answered a reset/step/mcp: the idle clock restarts
+            self.last_activity, self.active = now, False
+        timeout = self.guard.session_timeout
+        if self.pending is None:
+            self.pending = asyncio.ensure_future(self._receive())
+        if timeout is not None:
+            # wait on the pending receive without cancelling it (a cancelled receive could
+            # lose a frame); it is picked up by the next call if the client speaks in time
+            done, _ = await asyncio.wait({self.pending}, timeout=self.last_activity + timeout - now)
+            if not done:
+                return await self._expire(timeout)
+        else:
+            await asyncio.wait({self.pending})
+        message, self.pending = self.pending.result(), None
+        return message
+
+    async def _expire(self, timeout: float) -> dict:
+        """Tell the client why, close, and hand OpenEnv's handler a disconnect."""
+        reason = (
+            f"session closed after {timeout:g} s without a reset or step (--session-timeout); "
+            "open a new connection"
+        )
+        await self.send(
+            {"type": "websocket.send", "text": _error_frame(reason, self.jsonrpc, "SESSION_ERROR")}
+        )
+        short = reason.encode()[:123].decode(errors="ignore")  # RFC 6455's limit on reasons
+        await self.send({"type": "websocket.close", "code": 1000, "reason": short})
+        assert self.pending is not None
+        await asyncio.wait({self.pending}, timeout=self.guard.close_wait_s)  # the client's close
+        return {"type": "websocket.disconnect", "code": 1000}
+
+
+def _check_frame(message: dict) -> tuple[str | None, dict, str | None]:
+    """(why OpenEnv could not survive this frame or None, the frame to pass on, its type)."""
     text = message.get("text")
     if text is None:
-        return 'binary frames are not messages: send JSON text such as {"type": "reset"}'
+        return (
+            'binary frames are not messages: send JSON text such as {"type": "reset"}',
+            message,
+            None,
+        )
     try:
         value = json.loads(text)
+    except RecursionError:
+        return _too_deep(), message, None
     except ValueError:
-        return None  # OpenEnv answers INVALID_JSON itself
+        return None, message, None  # OpenEnv answers INVALID_JSON itself
+    depth, surrogates = _walk(value)
+    if depth > MAX_FRAME_DEPTH:
+        return _too_deep(), message, None
     if not isinstance(value, dict):
-        return (
-            f'a message is a JSON object such as {{"type": "step", "data": '
-            f'{{"text": "up"}}}}, got a JSON {_JSON_KINDS.get(type(value), "value")}'
-        )
-    return None
+        kind = _JSON_KINDS.get(type(value), "value")
+        example = '{"type": "step", "data": {"text": "up"}}'
+        return f"a message is a JSON object such as {example}, got a JSON {kind}", message, None
+    if surrogates:
+        message = dict(message, text=json.dumps(json_safe(value)))
+    kind = value.get("type")
+    return None, message, kind if isinstance(kind, str) else None
+
+
+def _sanitised_body(body: bytes) -> bytes:
+    """A JSON body with lone surrogates replaced (anything else is returned as it came)."""
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return body  # not JSON: FastAPI answers 422 itself
+    if not _walk(value)[1]:
+        return body
+    return json.dumps(json_safe(value)).encode()
+
+
+def _walk(value: Any) -> tuple[int, bool]:
+    """(nesting depth of a parsed JSON value, whether any of its text holds a surrogate)."""
+    depth, surrogates = 0, False
+    stack = [(value, 1)]
+    while stack:  # iterative: the value may be nested deeper than Python's recursion limit
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            depth = max(depth, level)
+            for key, child in item.items():
+                surrogates = surrogates or _has_surrogate(key)
+                stack.append((child, level + 1))
+        elif isinstance(item, list):
+            depth = max(depth, level)
+            stack.extend((child, level + 1) for child in item)
+        elif isinstance(item, str):
+            surrogates = surrogates or _has_surrogate(item)
+    return depth, surrogates
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _too_deep() -> str:
+    return f"message nested deeper than {MAX_FRAME_DEPTH} levels of arrays and objects"
 
 
 _JSON_KINDS = {list: "array", int: "number", float: "number", str: "string", bool: "boolean"}
@@ -261,6 +356,27 @@ def _error_frame(problem: str, jsonrpc: bool, code: str = "INVALID_JSON") -> str
         error = {"code": -32600 if code == "INVALID_JSON" else -32000, "message": problem}
         return json.dumps({"jsonrpc": "2.0", "error": error, "id": None})
     return json.dumps({"type": "error", "data": {"message": problem, "code": code}})
+
+
+def bind_warning(host: str, port: int) -> str | None:
+    """The one-line warning for a bind other machines can reach (None for loopback)."""
+    if is_loopback(host):
+        return None
+    return (
+        f"agentgym serve: warning: listening on {host}:{port} with no authentication: anyone who "
+        "can reach this port can open sessions and play the env; bind 127.0.0.1 (the default) "
+        "or put it behind an authenticating proxy or firewall"
+    )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps the server reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
 
 
 def create_app(
@@ -296,13 +412,18 @@ def create_app(
     # a partial of the class (not a lambda): OpenEnv then reads SUPPORTS_CONCURRENT_SESSIONS from
     # the class instead of building a throwaway env to check it
     factory = functools.partial(ServedEnvironment, env_id, env_kwargs, llm)
-    server = _AgentGymEnvServer(
+    # a partial of the class (not a lambda): OpenEnv then reads SUPPORTS_CONCURRENT_SESSIONS from
+    # the class instead of building a throwaway env to check it. OpenEnv's own reaper gets the
+    # timeout too: it frees sessions made over HTTP (/mcp); the guard closes idle connections
+    # first, telling their clients why.
+    server = HTTPEnvServer(
         factory,
         AgentGymAction,
         AgentGymObservation,
         concurrency_config=ConcurrencyConfig(
             max_concurrent_envs=max_sessions, session_timeout=session_timeout
         ),
+        state_cls=AgentGymState,
     )
     app = FastAPI(
         title=f"agentgym {env_id} (OpenEnv protocol)",
@@ -314,7 +435,7 @@ def create_app(
 
     # errors raised inside OpenEnv's HTTP handlers would otherwise be 500s
     async def session_error(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(status_code=409, content={"detail": str(exc)})
+        return JSONResponse(status_code=409, content={"detail": json_safe(str(exc))})
 
     async def bad_input(request: Request, exc: Exception) -> JSONResponse:
         if isinstance(exc, (ValidationError, RequestValidationError)):
@@ -322,10 +443,10 @@ def create_app(
             # bytes, which it echoes back in the error
             detail = json_safe([{k: v for k, v in e.items() if k != "url"} for e in exc.errors()])
         else:
-            detail = str(exc)
+            detail = json_safe(str(exc))
         return JSONResponse(status_code=422, content={"detail": detail})
 
-    app.add_middleware(_WebSocketGuard, server=server)
+    app.add_middleware(_WebSocketGuard, server=server, session_timeout=session_timeout)
     app.add_exception_handler(SessionError, session_error)
     app.add_exception_handler(ResetOptionError, bad_input)
     app.add_exception_handler(ValidationError, bad_input)
@@ -350,6 +471,15 @@ def serve(
     """
     import uvicorn
 
+    warning = bind_warning(host, port)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    print(
+        f"agentgym serve: loading {env_id} (building and resetting one env; data-backed "
+        "families read their data now)...",
+        file=sys.stderr,
+        flush=True,
+    )
     app = create_app(
         env_id,
         env_kwargs=env_kwargs,

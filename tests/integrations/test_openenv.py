@@ -23,11 +23,12 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-pytest.importorskip("openenv", reason="openenv-core not installed")
+pytest.importorskip("openenv", reason="openenv not installed")
 
 import httpx  # noqa: E402
 import uvicorn  # noqa: E402
 from openenv.core.generic_client import GenericEnvClient  # noqa: E402
+from openenv.core.mcp_client import MCPToolClient  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 from websockets.sync.client import connect as ws_connect  # noqa: E402
 
@@ -38,11 +39,15 @@ from agentgym.integrations.openenv import (  # noqa: E402
     AgentGymEnvClient,
     json_safe,
     render_state_key,
+    text_safe,
 )
 from agentgym.integrations.openenv_server import (  # noqa: E402
     DEFAULT_MAX_SESSIONS,
     DEFAULT_SESSION_TIMEOUT_S,
+    MAX_FRAME_DEPTH,
+    bind_warning,
     create_app,
+    is_loopback,
 )
 
 ALL_IDS = [e.id for e in agentgym.ENTRIES]
@@ -65,6 +70,15 @@ def running_server(env_id: str, **app_kwargs: Any) -> Iterator[tuple[str, Any]]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def wait_until_no_sessions(app: Any, within_s: float = 10.0) -> None:
+    """Wait until the server has freed every session (it does so just after a client leaves)."""
+    server = app.state.openenv_server
+    deadline = time.monotonic() + within_s
+    while server.active_sessions and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.active_sessions == 0
 
 
 def client(url: str) -> Any:
@@ -127,6 +141,67 @@ def test_round_trip_equals_local_env(env_id, make):
             assert state.done == (terminated or truncated)
 
 
+@pytest.mark.parametrize("env_id", ALL_IDS)
+def test_openenv_generic_client_plays_every_id(env_id, make):
+    """OpenEnv's own GenericEnvClient (plain dicts, no agentgym code) plays every registered id.
+
+    A reset and a couple of steps each, equal to the local env; real-data ids skip where their
+    data is absent (as in the round trip above).
+    """
+    local = make(env_id)
+    obs, info = local.reset(seed=1)
+    with running_server(env_id, max_sessions=1) as (url, _):
+        with GenericEnvClient(base_url=url, message_timeout_s=60).sync() as remote:
+            result = remote.reset(seed=1)
+            assert result.observation["text"] == obs and result.done is False
+            assert result.observation["state_key"] == render_state_key(info["state_key"])
+            rng = np.random.default_rng(0)
+            for step in range(2):
+                action = pick_action(info, rng, step)
+                obs, reward, terminated, truncated, info = local.step(action)
+                result = remote.step({"text": action})
+                o = result.observation
+                assert (o["text"], o["action_valid"], o["won"]) == (
+                    obs,
+                    info["action_valid"],
+                    info["won"],
+                )
+                assert result.reward == pytest.approx(float(reward))
+                assert result.done == (terminated or truncated)
+                assert o["state_key"] == render_state_key(info["state_key"])
+                if result.done:
+                    break
+            state = remote.state()
+            assert (state["env_id"], state["step_count"]) == (env_id, step + 1)
+
+
+def test_mcp_tool_client_plays_through_the_act_tool():
+    """OpenEnv's MCPToolClient sees one tool, ``act``, that plays the session's episode.
+
+    The tool returns what the TRL adapter's ``act`` tool returns (observation, then the
+    admissible actions or the end of the episode), and the episode is the one the client reset.
+    """
+    from agentgym.integrations.trl import AgentGymEnvironment
+
+    env_id = "AgentGym/Corridor-v0"
+    reference = AgentGymEnvironment(env_id)  # the TRL adapter, played locally
+    with running_server(env_id, max_sessions=2) as (url, app):
+        with MCPToolClient(base_url=url).sync() as env:
+            tools = env.list_tools()
+            assert [t.name for t in tools] == ["act"]
+            assert "action" in tools[0].input_schema["properties"]
+            assert "Take one action" in tools[0].description
+            assert env.call_tool("act", action="forward") == "No episode is running."
+            first = env.reset(seed=5)
+            assert first.observation.text in reference.reset(seed=5)
+            for action in ["forward", "xyzzy", "forward", "forward", "forward"]:
+                text = env.call_tool("act", action=action)
+                assert text == reference.act(action)
+            state = env.state()
+            assert state.step_count == 5
+        wait_until_no_sessions(app)
+
+
 def test_llm_mode_serves_prompts_and_parses_model_text():
     """With llm=..., the session is make_llm_env over the id: prompts out, raw model text in."""
     from agentgym.wrappers.llm import make_llm_env
@@ -146,6 +221,36 @@ def test_llm_mode_serves_prompts_and_parses_model_text():
             result = remote.step(text)
             assert_same(result, obs, info, reward, terminated, truncated)
         assert result.observation.info["parsed_action"] == "left"
+
+
+def test_lone_surrogate_in_model_text_is_answered_and_both_sides_agree():
+    """``<think>\\ud800</think><action>down</action>`` (valid JSON, invalid UTF-8) is applied as
+    the env would apply the same text with U+FFFD, and answered: the client's view and the
+    server's episode stay the same, step after step."""
+    from agentgym.wrappers.llm import make_llm_env
+
+    env_id = "AgentGym/Sokoban-v0"
+    local = make_llm_env(gym.make(env_id), history_length=1)
+    texts = [
+        "<think>\ud800</think><action>down</action>",
+        "<think>ok \udfff\ud83d</think><action>left</action>",
+        "<think>fine</think><action>up</action>",
+    ]
+    with running_server(env_id, llm={"history_length": 1}) as (url, _), client(url) as remote:
+        obs, info = local.reset(seed=3)
+        assert_same(remote.reset(seed=3), obs, info, None, False, False)
+        thoughts = []
+        for step, text in enumerate(texts, start=1):
+            result = remote.step(text)  # was: "Error serializing to JSON", after the step
+            thoughts.append(result.observation.info["think"])
+            obs, reward, terminated, truncated, info = local.step(text_safe(text))
+            assert_same(result, obs, info, reward, terminated, truncated)
+            state = remote.state()
+            assert state.step_count == step
+            assert state.state_key == render_state_key(info["state_key"])
+        assert thoughts[:2] == ["\ufffd", "ok \ufffd\ufffd"]  # as the env got them
+    assert text_safe("a\ud800b\udfff") == "a\ufffdb\ufffd" and text_safe("é😀") == "é😀"
+    assert json_safe({"k\ud800": ["\udc00"]}) == {"k\ufffd": ["\ufffd"]}
 
 
 def test_reset_options_pick_the_task():
@@ -299,9 +404,13 @@ def test_example_rolls_out_groups_over_the_wire(capsys):
     spec.loader.exec_module(example)
     with running_server("AgentGym/Sokoban-v0", max_sessions=4) as (url, app):
         asyncio.run(example.rollout(url, groups=2, group_size=2, seed=0))
-        assert app.state.openenv_server.active_sessions == 0  # every session was closed
-    out = capsys.readouterr().out
-    assert "4 episodes in 2 groups" in out and "steps/s over the wire" in out
+        wait_until_no_sessions(app)  # every session was closed (the server frees them just after)
+        out = capsys.readouterr().out
+        assert "4 episodes in 2 groups" in out and "steps/s over the wire" in out
+        asyncio.run(example.rollout(url, groups=1, group_size=2, seed=0, tools=True))
+        wait_until_no_sessions(app)
+        out = capsys.readouterr().out
+        assert "2 episodes in 1 groups" in out and "steps/s over the wire" in out
 
 
 def test_session_bound_refuses_with_a_clear_error_not_a_hang():
@@ -348,9 +457,11 @@ def test_idle_session_times_out_and_says_so():
             idle.reset(seed=0)
             time.sleep(1.0)  # > timeout + reaper interval
             assert server.active_sessions == 0  # the slot is free again
-            # the server hung up, saying why (in the close frame OpenEnv's client reports)
-            with pytest.raises(Exception, match="session closed after 0.3 s"):
+            # OpenEnv's client reconnects after the server's close, to a fresh session that has
+            # no episode yet: the step is refused, never applied to a stale episode
+            with pytest.raises(RuntimeError, match="send reset first"):
                 idle.step("wait")
+            assert idle.reset(seed=0).observation.text
         with ws_connect(url.replace("http", "ws") + "/ws", open_timeout=10) as raw:
             raw.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
             assert json.loads(raw.recv(timeout=10))["type"] == "observation"
@@ -362,7 +473,7 @@ def test_idle_session_times_out_and_says_so():
                 raw.recv(timeout=10)
             assert closed.value.rcvd.code == 1000
             assert "session closed after 0.3 s" in closed.value.rcvd.reason
-        assert server.active_sessions == 0
+        wait_until_no_sessions(app)  # freed just after the close handshake
         with client(url) as fresh:  # and a new session takes the freed slot
             assert fresh.reset(seed=0).observation.text
 
@@ -420,6 +531,86 @@ def test_malformed_websocket_messages_get_errors_and_the_session_keeps_serving()
             assert generic.reset(seed=4).observation["text"] == local.reset(seed=4)[0]
 
 
+def test_deeply_nested_frames_get_an_error_and_the_session_keeps_serving():
+    """A frame nested far deeper than any message needs is answered with an error; the session,
+    its episode and the connection survive (they used to end with SESSION_ERROR)."""
+    local = gym.make("AgentGym/Sokoban-v0")
+    deep = 500
+
+    def nested(leaf: str) -> str:
+        return "[" * deep + leaf + "]" * deep
+
+    frames = [
+        '{"type": "step", "data": {"text": ' + nested('"up"') + "}}",
+        '{"type": "reset", "data": {"options": ' + nested("1") + "}}",
+        '{"type": "step", "data": ' + '{"a": ' * deep + "1" + "}" * deep + "}",
+        nested("0"),
+        "[" * 100_000 + "]" * 100_000,  # past Python's recursion limit in json.loads
+    ]
+    with running_server("AgentGym/Sokoban-v0") as (url, _):
+        with ws_connect(url.replace("http", "ws") + "/ws", open_timeout=10) as ws:
+
+            def ask(frame: str) -> dict:
+                ws.send(frame)
+                return json.loads(ws.recv(timeout=30))
+
+            obs, info = local.reset(seed=4)
+            assert ask(json.dumps({"type": "reset", "data": {"seed": 4}}))["type"] == "observation"
+            for frame in frames:
+                answer = ask(frame)
+                assert answer["type"] == "error", answer
+                assert answer["data"]["code"] == "INVALID_JSON", answer
+                assert f"nested deeper than {MAX_FRAME_DEPTH}" in answer["data"]["message"]
+            # the episode is where it was: the next step continues it
+            obs, reward, *_ = local.step("left")
+            answer = ask(json.dumps({"type": "step", "data": {"text": "left"}}))
+            assert answer["type"] == "observation", answer
+            assert answer["data"]["observation"]["text"] == obs
+            assert ask('{"type": "state"}')["data"]["step_count"] == 1
+
+
+@pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager")
+def test_clients_hanging_up_mid_step_log_no_tracebacks():
+    """A client that hangs up after sending a step is normal: no warning, no traceback."""
+    import logging
+    import socket
+
+    records: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Collect(level=logging.DEBUG)
+    loggers = [logging.getLogger(n) for n in ("uvicorn.error", "agentgym.integrations")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.setLevel(logging.DEBUG)
+    try:
+        with running_server("AgentGym/Sokoban-v0", max_sessions=4) as (url, app):
+            for i in range(20):
+                ws = ws_connect(url.replace("http", "ws") + "/ws", open_timeout=10)
+                ws.send(json.dumps({"type": "reset", "data": {"seed": i}}))
+                ws.recv(timeout=10)
+                ws.send(json.dumps({"type": "step", "data": {"text": "up"}}))
+                if i % 2:  # half of them without even a TCP goodbye
+                    ws.socket.shutdown(socket.SHUT_RDWR)
+                ws.socket.close()  # no close frame: the client just goes away
+            wait_until_no_sessions(app)  # every hung-up session is freed
+            with client(url) as c:  # and the server still serves
+                assert c.reset(seed=0).observation.text
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.removeHandler(handler)
+            lg.setLevel(level)
+    # uvicorn's own "connection open/closed" info lines are every connection's, not errors
+    loud = [r for r in records if r.levelno >= logging.WARNING or r.exc_info]
+    assert not loud, [(r.name, r.getMessage()[:200]) for r in loud]
+    ours = [r for r in records if r.name.startswith("agentgym")]
+    assert len(ours) <= 20 and all(r.levelno == logging.DEBUG for r in ours)
+
+
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
     lambda inner: (
@@ -470,6 +661,7 @@ def test_any_frame_gets_exactly_one_answer_and_the_session_survives():
 def test_http_endpoints_answer_bad_requests_with_4xx():
     with running_server("AgentGym/Sokoban-v0") as (url, _):
         http = httpx.Client(base_url=url, timeout=30)
+        as_json = {"content-type": "application/json"}
         local_obs, _ = gym.make("AgentGym/Sokoban-v0").reset(seed=2)
         ok = http.post("/reset", json={"seed": 2})
         assert ok.status_code == 200 and ok.json()["observation"]["text"] == local_obs
@@ -484,9 +676,20 @@ def test_http_endpoints_answer_bad_requests_with_4xx():
             http.post("/step", json={"action": {"text": 3}}),
             http.post("/step", json={"act": "up"}),
             http.post("/step", content=b"\xff"),
+            # a lone surrogate (valid JSON, not UTF-8) that the error echoes: was a 500
+            http.post("/reset", content=b'{"options": {"\\ud800": 1}}', headers=as_json),
+            http.post("/reset", content=b'{"seed": 0, "\\udfff": 1}', headers=as_json),
         ]
         assert [r.status_code for r in bad] == [422] * len(bad), [r.text for r in bad]
         assert "bogus" in bad[3].text and "sed" in bad[4].text
+        assert "no reset option \ufffd" in bad[-2].json()["detail"]
+        tool = http.post(  # the same over MCP: OpenEnv's error names the tool asked for
+            "/mcp",
+            content=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", '
+            b'"params": {"name": "a\\ud800ct", "arguments": {}}}',
+            headers=as_json,
+        )
+        assert tool.status_code == 200 and "Tool not found: a\ufffdct" in tool.text
         assert http.get("/health").json()["status"] == "healthy"
         assert http.get("/metadata").json()["name"] == "AgentGym/Sokoban-v0"
         schema = http.get("/schema").json()
@@ -527,6 +730,9 @@ def test_cli_serves_a_real_process_and_stops_on_ctrl_c():
     cmd += ["--port", str(port), "--max-sessions", "1", "--log-level", "warning"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     try:
+        # the first thing it says, before the slow imports, is what it is loading
+        first = proc.stderr.readline()
+        assert "starting AgentGym/Corridor-v0: loading OpenEnv's server" in first, first
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         while True:
@@ -549,7 +755,26 @@ def test_cli_serves_a_real_process_and_stops_on_ctrl_c():
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
+    assert "loading AgentGym/Corridor-v0 (building" in err
     assert "AgentGym/Corridor-v0 over OpenEnv at ws://127.0.0.1" in err
+    assert "warning" not in err  # loopback: nothing to warn about
+
+
+def test_a_non_loopback_bind_is_warned_about_in_one_line():
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "192.0.2.1", "example.org"))
+    assert bind_warning("127.0.0.1", 8000) is None
+    warning = bind_warning("0.0.0.0", 8000)
+    assert warning.count("\n") == 0 and "no authentication" in warning
+    assert "0.0.0.0:8000" in warning and "127.0.0.1" in warning
+    # the CLI warns before it binds: 192.0.2.1 (TEST-NET-1) is no address of this machine, so
+    # the bind fails and nothing is ever exposed
+    cmd = [sys.executable, "-m", "agentgym.integrations.openenv_cli", "Corridor-v0"]
+    cmd += ["--host", "192.0.2.1", "--port", "8000", "--log-level", "critical"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    lines = [line for line in out.stderr.splitlines() if "warning" in line]
+    assert len(lines) == 1 and "192.0.2.1:8000 with no authentication" in lines[0], out.stderr
 
 
 def _reorder(step: tuple) -> tuple:

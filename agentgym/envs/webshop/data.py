@@ -51,6 +51,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from agentgym.envs.cache import cache_dir
+from agentgym.envs.webshop.nouns import titles_digest
 
 __all__ = [
     "CATALOGUE_FILES",
@@ -505,6 +506,18 @@ class Catalogue:
             h.update(text.encode("utf-8", "surrogatepass"))
             h.update(b"\1")
         return h.hexdigest()
+
+    @cached_property
+    def titles(self) -> list[str]:
+        """Every distinct product and goal title (what the reward takes nouns of), first-seen order."""
+        return list(
+            dict.fromkeys([p["name"] for p in self.products] + [g["name"] for g in self.goals])
+        )
+
+    @cached_property
+    def titles_digest(self) -> str:
+        """A digest of :attr:`titles`: names the on-disk title-noun table (see ``nouns.py``)."""
+        return titles_digest(self.titles)
 
     @cached_property
     def charset(self) -> frozenset[str]:

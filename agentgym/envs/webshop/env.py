@@ -20,7 +20,11 @@ from agentgym.core import (
 )
 from agentgym.envs.webshop import pages
 from agentgym.envs.webshop.data import DEFAULT_SEED, SPLITS, Catalogue, load_catalogue
-from agentgym.envs.webshop.nouns import NounExtractor, default_noun_extractor
+from agentgym.envs.webshop.nouns import (
+    NounExtractor,
+    default_noun_extractor,
+    prepare_title_nouns,
+)
 from agentgym.envs.webshop.reward import webshop_reward
 from agentgym.envs.webshop.search import ProductSearch, product_search
 
@@ -222,6 +226,10 @@ class WebShopEnv(TextEnv):
             self._noun_extractor_arg
             if self._noun_extractor_arg is not None
             else default_noun_extractor()
+        )
+        # every title's nouns now (or from the disk cache), once per catalogue: no step tags text
+        prepare_title_nouns(
+            self.noun_extractor, self.catalogue.titles, self.catalogue.titles_digest
         )
 
     # -- pickling: the shared data stays behind, the next process loads (or reuses) its own ------

@@ -22,6 +22,16 @@ same thing as a tuple, in title order, repeats kept.
 stderr once. Both extractors memoise titles, which repeat across steps and episodes, and take
 ``prefetch(titles)`` to fill that memo at load time (batched through spaCy's ``nlp.pipe``).
 
+A catalogue's titles are tagged once, when an env loads it (:func:`prepare_title_nouns`), so no
+step runs the tagger: the nouns of every product and goal title are computed in batches and
+pinned in the extractor (never evicted), and kept on disk under
+``$AGENTGYM_CACHE/webshop/nouns-<extractor tag>-<titles digest>.pkl``. The file is named by the
+extractor's :attr:`~SpacyNouns.cache_tag` (model name and version, spaCy's version) and a digest of
+the titles themselves, so another model or another catalogue never reads a stale table. It is
+written atomically (temporary file + rename); when the cache folder is not writable the table
+lives in memory only. Tagging WebShop's 1.18M-product catalogue takes a while once; every later
+process loads the table.
+
 Note that the tagger's version matters as much as the tagger: WebShop pinned spaCy 3.3, whose
 ``en_core_web_sm`` tags a few title words differently from 3.8's (WebShop's own test titles score
 0.333 / 0.3 / 0.15 with 3.3 and 0.4 / 0.3125 / 0.167 with 3.8, in the same r_type buckets).
@@ -29,11 +39,14 @@ Note that the tagger's version matters as much as the tagger: WebShop pinned spa
 
 from __future__ import annotations
 
+import hashlib
 import os
+import pickle
 import re
 import sys
+import tempfile
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -43,7 +56,9 @@ __all__ = [
     "NounExtractor",
     "SpacyNouns",
     "default_noun_extractor",
+    "prepare_title_nouns",
     "reset_default_noun_extractor",
+    "titles_digest",
 ]
 
 #: The part-of-speech tags WebShop keeps ("PNOUN" is in its list but is no spaCy tag).
@@ -64,21 +79,28 @@ class NounExtractor(Protocol):
 
 
 class _Memo:
-    """A bounded str -> tuple memo, cleared wholesale when full (titles repeat in bursts)."""
+    """A str -> tuple memo: a pinned table (a catalogue's titles, never evicted) in front of a
+    bounded memo for other titles, cleared wholesale when full (titles repeat in bursts)."""
 
     def __init__(self, compute: Callable[[str], tuple[str, ...]]) -> None:
         self._compute = compute
+        self._pinned: dict[str, tuple[str, ...]] = {}
         self._memo: dict[str, tuple[str, ...]] = {}
 
     def __call__(self, text: str) -> tuple[str, ...]:
-        nouns = self._memo.get(text)
+        nouns = self._pinned.get(text)
         if nouns is None:
-            nouns = self._compute(text)
-            self.put(text, nouns)
+            nouns = self._memo.get(text)
+            if nouns is None:
+                nouns = self._compute(text)
+                self.put(text, nouns)
         return nouns
 
     def __contains__(self, text: str) -> bool:
-        return text in self._memo
+        return text in self._pinned or text in self._memo
+
+    def pin(self, texts: Sequence[str], nouns: Sequence[tuple[str, ...]]) -> None:
+        self._pinned.update(zip(texts, nouns, strict=True))
 
     def put(self, text: str, nouns: tuple[str, ...]) -> None:
         if len(self._memo) >= _MEMO_LIMIT:
@@ -113,6 +135,13 @@ class SpacyNouns:
                 "unpacked model folder, or use FallbackNouns()"
             ) from exc
         self._memo = _Memo(self._extract)
+        self._prepared: set[str] = set()
+        meta = self._nlp.meta
+        #: names the on-disk noun tables: another model, version or spaCy release tags anew
+        self.cache_tag: str = (
+            f"spacy{spacy.__version__}-{meta.get('lang', 'xx')}_{meta.get('name', 'model')}"
+            f"-{meta.get('version', '0')}"
+        )
 
     def _extract(self, text: str) -> tuple[str, ...]:
         return tuple(t.text.lower() for t in self._nlp(text) if t.pos_ in NOUN_POS)
@@ -120,11 +149,29 @@ class SpacyNouns:
     def __call__(self, text: str) -> tuple[str, ...]:
         return self._memo(text)
 
+    def extract_many(self, texts: Sequence[str], batch_size: int = 256) -> list[tuple[str, ...]]:
+        """Nouns of each of ``texts``, tagged in batches (``nlp.pipe``: about twice as fast as one
+        by one); noun strings are interned, as a catalogue's titles share most of their nouns."""
+        intern = sys.intern
+        return [
+            tuple(intern(t.text.lower()) for t in doc if t.pos_ in NOUN_POS)
+            for doc in self._nlp.pipe(texts, batch_size=batch_size)
+        ]
+
     def prefetch(self, texts: Iterable[str], batch_size: int = 256) -> None:
         """Tag ``texts`` now, in batches (about twice as fast as one by one), into the memo."""
         todo = list(dict.fromkeys(t for t in texts if t not in self._memo))
-        for text, doc in zip(todo, self._nlp.pipe(todo, batch_size=batch_size), strict=True):
-            self._memo.put(text, tuple(t.text.lower() for t in doc if t.pos_ in NOUN_POS))
+        for text, nouns in zip(todo, self.extract_many(todo, batch_size), strict=True):
+            self._memo.put(text, nouns)
+
+    def prepare(
+        self, titles: Sequence[str], digest: str, cache_dir: str | os.PathLike[str] | None = None
+    ) -> int:
+        """Pin the nouns of every one of ``titles`` (distinct), from the disk cache or tagged now.
+
+        See :func:`prepare_title_nouns`. Returns how many titles were tagged (0 from the cache).
+        """
+        return _prepare(self, titles, digest, cache_dir)
 
     def __reduce__(self):
         # a pickled extractor reloads its model by name/path instead of shipping the pipeline
@@ -283,6 +330,10 @@ class FallbackNouns:
 
     def __init__(self) -> None:
         self._memo = _Memo(self._extract)
+        self._prepared: set[str] = set()
+
+    #: names the on-disk noun tables; changes whenever the lexicon or the rules change
+    cache_tag: str = ""  # set below the class, from the lexicon and rules themselves
 
     @staticmethod
     def _is_noun(token: str) -> bool:
@@ -307,16 +358,155 @@ class FallbackNouns:
     def __call__(self, text: str) -> tuple[str, ...]:
         return self._memo(text)
 
+    def extract_many(self, texts: Sequence[str]) -> list[tuple[str, ...]]:
+        """Nouns of each of ``texts`` (the same interface as :meth:`SpacyNouns.extract_many`)."""
+        intern = sys.intern
+        return [
+            tuple(intern(token.lower()) for token in _tokenize(text) if self._is_noun(token))
+            for text in texts
+        ]
+
     def prefetch(self, texts: Iterable[str]) -> None:
         """Extract ``texts`` now into the memo (the same interface as :meth:`SpacyNouns.prefetch`)."""
         for text in texts:
             self._memo(text)
+
+    def prepare(
+        self, titles: Sequence[str], digest: str, cache_dir: str | os.PathLike[str] | None = None
+    ) -> int:
+        """Pin the nouns of every one of ``titles``; see :func:`prepare_title_nouns`."""
+        return _prepare(self, titles, digest, cache_dir)
 
     def __reduce__(self):
         return (type(self), ())
 
     def __repr__(self) -> str:
         return "FallbackNouns()"
+
+
+def _fallback_tag() -> str:
+    h = hashlib.blake2b(digest_size=6)
+    for words in (
+        _FUNCTION_WORDS, _NUMBER_WORDS, _LOWER_NON_NOUNS, _CAPITALISED_NON_NOUNS, _SYMBOL_NOUNS,
+        _SUFFIX_NOUN_EXCEPTIONS,
+    ):  # fmt: skip
+        h.update(" ".join(sorted(words)).encode())
+        h.update(b"\0")
+    for rule in (_PREFIX, _SUFFIX, _INFIX, _HAS_LETTER, _NUMBER):
+        h.update(rule.pattern.encode())
+    h.update(" ".join(_NON_NOUN_SUFFIXES).encode())
+    return f"fallback-{h.hexdigest()}"
+
+
+FallbackNouns.cache_tag = _fallback_tag()
+
+
+# ---------------------------------------------------------------------------------------------
+# A catalogue's title nouns, computed once and cached on disk.
+# ---------------------------------------------------------------------------------------------
+
+_NOUN_TABLE_VERSION = 1
+
+
+def titles_digest(titles: Iterable[str]) -> str:
+    """A digest of ``titles`` in order: names a catalogue's on-disk noun table."""
+    h = hashlib.blake2b(digest_size=12)
+    for title in titles:
+        h.update(title.encode("utf-8", "surrogatepass"))
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("AGENTGYM_CACHE") or Path.home() / ".cache" / "agentgym"
+    return Path(base) / "webshop"
+
+
+def _read_table(path: Path, n: int) -> list[tuple[str, ...]] | None:
+    try:
+        with open(path, "rb") as f:
+            version, table = pickle.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, EOFError, ValueError, TypeError, pickle.UnpicklingError):
+        return None  # a truncated or foreign file: tag again and overwrite it
+    if version != _NOUN_TABLE_VERSION or not isinstance(table, list) or len(table) != n:
+        return None
+    return table
+
+
+def _write_table(path: Path, table: list[tuple[str, ...]]) -> bool:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump((_NOUN_TABLE_VERSION, table), f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)  # readers see the old file or the whole new one, never a part
+        return True
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return False
+
+
+def _prepare(extractor, titles: Sequence[str], digest: str, cache_dir) -> int:
+    if digest in extractor._prepared:
+        return 0
+    path = Path(cache_dir or _default_cache_dir()) / f"nouns-{extractor.cache_tag}-{digest}.pkl"
+    table = _read_table(path, len(titles))
+    tagged = 0
+    if table is None:
+        if len(titles) > 20000:
+            print(
+                f"agentgym webshop: finding the nouns of {len(titles):,} titles once "
+                f"({extractor!r}); cached at {path}",
+                file=sys.stderr,
+            )
+        table = extractor.extract_many(titles)
+        tagged = len(titles)
+        if not _write_table(path, table):
+            print(
+                f"agentgym webshop: cannot write {path}; title nouns kept in memory only "
+                "(set $AGENTGYM_CACHE to a writable folder to keep them)",
+                file=sys.stderr,
+            )
+    extractor._memo.pin(titles, table)
+    extractor._prepared.add(digest)
+    return tagged
+
+
+def prepare_title_nouns(
+    extractor: NounExtractor,
+    titles: Sequence[str],
+    digest: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> int:
+    """Compute the nouns of a catalogue's ``titles`` once, so that no step runs the tagger.
+
+    The table is loaded from ``cache_dir`` (default ``$AGENTGYM_CACHE/webshop``) when a file for
+    this extractor's :attr:`cache_tag` and these titles exists, else computed in batches and
+    written there atomically (kept in memory only when the folder is not writable). A second call
+    with the same ``digest`` returns at once. Extractors without ``prepare`` (any callable
+    title -> nouns) are left as they are.
+
+    Args:
+        extractor: the reward's noun extractor.
+        titles: distinct product and goal titles, in a fixed order (the table's order on disk).
+        digest: :func:`titles_digest` of ``titles``, if the caller has it already.
+        cache_dir: where noun tables live.
+
+    Returns:
+        How many titles were tagged now (0 when the table came from memory or disk).
+    """
+    prepare = getattr(extractor, "prepare", None)
+    if prepare is None:
+        return 0
+    return prepare(titles, digest or titles_digest(titles), cache_dir)
 
 
 # ---------------------------------------------------------------------------------------------
