@@ -51,7 +51,14 @@ __all__ = [
 
 
 def register_envs() -> None:
-    """Register every :data:`ENTRIES` id with gymnasium (idempotent)."""
+    """Register every :data:`ENTRIES` id with gymnasium (idempotent).
+
+    Each id's step cap is registered as gymnasium's ``max_episode_steps``: ``gym.make`` wraps
+    the env in a ``TimeLimit`` with it, and ``gym.make(id, max_episode_steps=N)`` (or
+    ``env_kwargs={"max_episode_steps": N}`` wherever agentgym calls ``gym.make`` for you:
+    ``gym.make_vec``, :class:`GroupVectorEnv`, the trainer, ``agentgym serve``, the TRL and verl
+    adapters) sets another, longer or shorter.
+    """
     for e in ENTRIES:
         # the family's FAMILY spec (prompt, judge, trainer defaults) sits beside its entry point
         register_family(e.family, e.entry_point.split(":")[0])
@@ -61,6 +68,10 @@ def register_envs() -> None:
             id=e.id,
             entry_point=e.make,  # checks the optional packages first: one line naming the extra
             kwargs=dict(e.kwargs),
+            # The one step cap: gymnasium's TimeLimit (the entry point turns the env's own off),
+            # so gym.make(id, max_episode_steps=N) can lengthen episodes as well as shorten them,
+            # and env.spec.max_episode_steps reports the cap in force.
+            max_episode_steps=e.max_episode_steps,
             vector_entry_point=vector_entry_point(e.id),
             # Every id passes gymnasium's check_env in the test suite. The passive checker is
             # off by default because it breaks an env whose first reset raised (bad options):

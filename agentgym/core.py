@@ -227,7 +227,9 @@ class TextEnv(gym.Env[str, str]):
 
     **step(action) -> (obs, reward, terminated, truncated, info).** ``terminated`` is True when
     the task has ended for good (won, or lost with no way back). ``truncated`` is True when the
-    step cap (``max_episode_steps``) ended the episode first. An action the env cannot use is
+    step cap ended the episode first: ``max_episode_steps`` here, or under ``gym.make`` gymnasium's
+    ``TimeLimit`` with the id's registered cap (the env's own is then off, so there is one cap,
+    and ``gym.make(id, max_episode_steps=N)`` can lengthen episodes). An action the env cannot use is
     never an exception: it returns an observation that says why, ``info["action_valid"] =
     False``, and the world state does not change. Non-text actions (None, numbers) are treated
     the same way. Stepping a finished episode returns the last observation, reward 0,

@@ -45,6 +45,7 @@ TRL is imported only when an adapter is used; without it, one line says what to 
 from __future__ import annotations
 
 import copy
+import logging
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
+from agentgym.integrations.chat import EPISODE, ChatTurns
 from agentgym.vector import GroupVectorEnv, Step, Trajectory
 from agentgym.wrappers.llm import FORMAT_INSTRUCTIONS, ParseActions, parse_action
 
@@ -74,6 +76,7 @@ __all__ = [
 ]
 
 INSTALL_HINT = 'pip install "agentgym-envs[trl]"'
+logger = logging.getLogger(__name__)
 
 #: Dataset columns (and keys of the prompt's last message) naming a row's task, reset seed and split.
 TASK_COLUMN = "task_id"
@@ -437,7 +440,13 @@ class GroupRollout:
             raise ValueError(f"unknown env id {env_id!r}; see agentgym.env_ids()")
         parse_action("", fmt, **(parse_options or {}))  # a bad format or option fails here
         self._venv: GroupVectorEnv | None = None
-        self._suffix_cache: dict[int, tuple[list[int], list[int]]] = {}
+        self._chat: ChatTurns | None = None
+        self._chat_key: tuple | None = None
+        self.mode = EPISODE
+        """how episodes are trained: ``"episode"`` (one sequence each; TRL's ``rollout_func``
+        takes one completion per prompt)"""
+        self.prefix_preserving: bool | None = None
+        """whether the chat template renders earlier turns as sampled (set on the first call)"""
 
     # -- envs ------------------------------------------------------------------------------------
     def _group_env(self, num_groups: int, group_size: int) -> GroupVectorEnv:
@@ -470,40 +479,36 @@ class GroupRollout:
         return obs
 
     # -- tokens ----------------------------------------------------------------------------------
-    @staticmethod
-    def _template(
-        tokenizer: Any, trainer: Any, messages: list[dict[str, Any]], gen: bool
-    ) -> list[int]:
-        ids = tokenizer.apply_chat_template(
-            messages,
-            add_generation_prompt=gen,
-            tokenize=True,
-            return_dict=False,
-            chat_template=getattr(trainer, "chat_template", None),
-            **(getattr(trainer, "chat_template_kwargs", None) or {}),
-        )
-        return list(ids)
+    def chat(self, tokenizer: Any, trainer: Any) -> ChatTurns:
+        """The trainer's chat template as :class:`~agentgym.integrations.chat.ChatTurns`, built
+        once per tokenizer and template (its probe runs then, and its mode is logged).
 
-    def _user_turn_ids(self, tokenizer: Any, trainer: Any, text: str, eos_id: int) -> list[int]:
-        """Tokens that close an assistant turn and open the next: user ``text``, assistant header.
-
-        Found as the difference between a rendered two-message chat and the same chat plus the
-        user turn (the way TRL finds tool-response tokens), so any chat template works.
+        TRL's ``rollout_func`` takes one completion per prompt, so episodes are played as one
+        sequence: each turn is sampled from the tokens trained (drift-free). A template that
+        re-renders earlier turns (Qwen3 drops earlier ``<think>`` blocks) is played the same
+        way, with the earlier turns kept as sampled; :attr:`prefix_preserving` says which.
         """
-        key = id(tokenizer)
-        if key not in self._suffix_cache:
-            base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
-            prefix = self._template(tokenizer, trainer, base, gen=False)
-            eos_at = [i for i, t in enumerate(prefix) if t == eos_id]
-            self._suffix_cache[key] = (base, prefix[: eos_at[-1] + 1] if eos_at else prefix)
-        base, prefix = self._suffix_cache[key]
-        full = self._template(tokenizer, trainer, [*base, {"role": "user", "content": text}], True)
-        if full[: len(prefix)] != prefix:
-            raise ValueError(
-                "the chat template does not render earlier messages the same way when a message "
-                "follows; multi-turn rollouts need a prefix-preserving template"
+        template = getattr(trainer, "chat_template", None)
+        kwargs = dict(getattr(trainer, "chat_template_kwargs", None) or {})
+        key = (id(tokenizer), template, repr(sorted(kwargs.items())))
+        if self._chat is None or self._chat_key != key:
+            self._chat = ChatTurns(
+                tokenizer,
+                chat_template=template,
+                template_kwargs=kwargs,
+                end_ids=_as_list(getattr(trainer, "eos_token_ids", None)),
             )
-        return full[len(prefix) :]
+            self._chat_key = key
+            self.prefix_preserving = self._chat.prefix_preserving
+            self._chat.observation_ids("")  # a template that cannot run as one sequence fails here
+            logger.info(
+                "GroupRollout: one sequence per episode; the chat template %s (%s)",
+                "keeps earlier turns"
+                if self._chat.prefix_preserving
+                else "re-renders earlier turns, which are kept as sampled",
+                self._chat.reason,
+            )
+        return self._chat
 
     def _generate(
         self, trainer: Any, tokenizer: Any, contexts: list[list[int]], eos_ids: set[int]
@@ -571,8 +576,8 @@ class GroupRollout:
         )
         obs, infos = venv.reset(seed=int(first_seed), options={"group_options": group_options})
 
-        eos_id = tokenizer.eos_token_id
-        eos_ids = {eos_id} | set(_as_list(getattr(trainer, "eos_token_ids", None)))
+        chat = self.chat(tokenizer, trainer)
+        eos_ids = set(chat.end_ids)
         n = len(prompts)
         prompt_ids = []
         for prompt, o, info in zip(prompts, obs, infos, strict=True):
@@ -580,7 +585,7 @@ class GroupRollout:
             messages[-1]["content"] += self._observation_text(o, info)
             if self.format_instruction:
                 messages[-1]["content"] += "\n" + FORMAT_INSTRUCTIONS[self.fmt]
-            prompt_ids.append(self._template(tokenizer, trainer, messages, gen=True))
+            prompt_ids.append(chat.render(messages, generation_prompt=True))
         contexts = [list(p) for p in prompt_ids]
         completion: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
@@ -612,10 +617,8 @@ class GroupRollout:
                 if not venv.active[i]:
                     live[i] = False
                     continue
-                suffix = [] if completion[i] and completion[i][-1] in eos_ids else [eos_id]
-                suffix += self._user_turn_ids(
-                    tokenizer, trainer, self._observation_text(obs[i], infos[i]), eos_id
-                )
+                suffix = chat.close_turn(completion[i])
+                suffix += chat.observation_ids(self._observation_text(obs[i], infos[i]))
                 if len(completion[i]) + len(suffix) >= budget:  # no room for another model turn
                     live[i] = False
                     continue

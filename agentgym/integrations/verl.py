@@ -53,6 +53,7 @@ from uuid import uuid4
 import numpy as np
 
 from agentgym.algorithms.advantage import AdvantageConfig, compute_advantage
+from agentgym.integrations.chat import EPISODE, MODES, PER_TURN, ChatTurns
 from agentgym.wrappers.llm import make_llm_env
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -198,6 +199,12 @@ class Episode:
     (0): chat-template tokens that close a turn, the next observation as a user message, and
     the assistant header. ``turn_spans[t] = (start, end)`` are the response positions of turn t's
     tokens (end exclusive); ``state_keys[t]`` is the state turn t acted from.
+
+    ``mode`` says how the episode was played (:mod:`agentgym.integrations.chat`): in
+    ``"episode"`` mode the fields above are one training sequence; in ``"per_turn"`` mode each
+    turn was sampled from ``turn_prompt_ids[t]`` (the template's rendering of the conversation
+    so far), ``response_ids`` holds the turns' tokens back to back, and :meth:`sequences` gives
+    one training sequence per turn.
     """
 
     prompt_ids: list[int]
@@ -215,6 +222,30 @@ class Episode:
     task_id: str
     env_id: str
     timing: dict[str, float] = field(default_factory=dict)
+    mode: str = EPISODE
+    turn_prompt_ids: list[list[int]] | None = None
+    """per_turn mode: the prompt each turn was sampled from"""
+
+    def sequences(self) -> list[dict[str, Any]]:
+        """The training sequences: ``prompt_ids``, ``response_ids``, ``response_mask`` and
+        ``response_logprobs`` (None when the server gave none); one per episode in ``"episode"``
+        mode, one per turn in ``"per_turn"`` mode, where every sequence is exactly a prompt the
+        model saw and the tokens it sampled from it."""
+        if self.mode == EPISODE:
+            spans = [(0, len(self.response_ids))]
+            prompts = [self.prompt_ids]
+        else:
+            spans, prompts = self.turn_spans, self.turn_prompt_ids or []
+        logps = self.response_logprobs
+        return [
+            {
+                "prompt_ids": list(prompt),
+                "response_ids": self.response_ids[start:end],
+                "response_mask": self.response_mask[start:end],
+                "response_logprobs": None if logps is None else logps[start:end],
+            }
+            for prompt, (start, end) in zip(prompts, spans, strict=True)
+        ]
 
     @property
     def reward(self) -> float:
@@ -292,9 +323,16 @@ class EpisodeRunner:
     user message, rendered by the env family's prompt template; ``history_length`` defaults to 0
     because the conversation itself already holds the earlier turns.
 
+    **Modes** (:mod:`agentgym.integrations.chat`): in ``"episode"`` mode the context of each
+    turn is the previous context, the sampled tokens and the observation's tokens, so the episode
+    is one sequence; in ``"per_turn"`` mode each turn's prompt is the chat template's rendering
+    of the conversation so far (the turns' decoded text as assistant messages), for templates
+    that re-render earlier turns (Qwen3 drops earlier ``<think>`` blocks). ``mode="auto"`` picks
+    per template (:attr:`ChatTurns.mode`, found once by rendering a probe chat) and logs it;
+    :attr:`mode` says which runs.
+
     Args:
-        tokenizer: a Hugging Face tokenizer with a chat template (prefix-preserving: rendering a
-            conversation renders its earlier messages the same way).
+        tokenizer: a Hugging Face tokenizer with a chat template.
         server: the LLM server, see above.
         prompt_length: most prompt tokens; a longer first prompt is cut from the left.
         response_length: most response tokens (model turns and observations together); the
@@ -303,6 +341,8 @@ class EpisodeRunner:
         max_turn_tokens: most tokens of one model turn (None: what is left of the budget).
         history_length, template, fmt: passed to :func:`~agentgym.wrappers.make_llm_env`.
         chat_template_kwargs: extra arguments of ``apply_chat_template``.
+        mode: ``"auto"``, ``"episode"`` or ``"per_turn"`` (see above).
+        end_ids: token ids that end a model turn besides the tokenizer's EOS.
     """
 
     def __init__(
@@ -318,7 +358,11 @@ class EpisodeRunner:
         template: str | None = None,
         fmt: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        mode: str = "auto",
+        end_ids: Sequence[int] | None = None,
     ) -> None:
+        if mode not in ("auto", *MODES):
+            raise ValueError(f"mode must be 'auto', 'episode' or 'per_turn', got {mode!r}")
         if prompt_length <= 0 or response_length <= 0:
             raise ValueError(
                 f"prompt_length and response_length must be positive, got {prompt_length} "
@@ -333,33 +377,19 @@ class EpisodeRunner:
         self.llm_kwargs = {"history_length": history_length, "template": template, "fmt": fmt}
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.eos_id = tokenizer.eos_token_id
-        # Tokens that close an assistant turn and open a user turn depend only on the template:
-        # find the shared prefix once (load time), then each observation costs one render.
-        self._base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
-        prefix = self._template(self._base, generation_prompt=False)
-        eos_at = [i for i, t in enumerate(prefix) if t == self.eos_id]
-        self._prefix = prefix[: eos_at[-1] + 1] if eos_at else prefix
+        self.chat = ChatTurns(tokenizer, template_kwargs=chat_template_kwargs, end_ids=end_ids)
+        self.mode = self.chat.mode if mode == "auto" else mode
+        if self.mode == EPISODE:
+            self.chat.observation_ids("")  # a template that cannot run this way fails here
+        logger.info("EpisodeRunner plays %s mode (%s)", self.mode, self.chat.reason)
 
     def _template(self, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(
-            messages,
-            add_generation_prompt=generation_prompt,
-            tokenize=True,
-            return_dict=False,
-            **self.chat_template_kwargs,
-        )
-        return list(ids)
+        return self.chat.render(messages, generation_prompt)
 
     def observation_ids(self, text: str) -> list[int]:
         """Tokens that follow a finished assistant turn: ``text`` as a user message, then the
-        assistant header (the difference between two renders of a chat, so any template works)."""
-        full = self._template([*self._base, {"role": "user", "content": text}], True)
-        if full[: len(self._prefix)] != self._prefix:
-            raise ValueError(
-                "the chat template renders earlier messages differently when a message follows; "
-                "multi-turn episodes need a prefix-preserving template"
-            )
-        return full[len(self._prefix) :]
+        assistant header (:meth:`ChatTurns.observation_ids`)."""
+        return self.chat.observation_ids(text)
 
     async def run(
         self,
@@ -423,18 +453,26 @@ class EpisodeRunner:
         terminated = truncated = False
         task_id = str(info.get("task_id", ""))
         won = bool(info.get("won", False))
+        per_turn = self.mode == PER_TURN
+        messages = [{"role": "user", "content": obs}]
+        turn_prompts: list[list[int]] = []
         while True:
-            left = self.response_length - len(response)
+            # per_turn: each turn is its own sequence, with a response budget of its own
+            left = self.response_length - (0 if per_turn else len(response))
             if left <= 0 or (self.max_turns is not None and len(spans) >= self.max_turns):
                 truncated = True
                 break
             params = dict(sampling_params)
             params["max_tokens"] = min(left, self.max_turn_tokens or left)
             keys.append(info["state_key"])
+            if per_turn:
+                context = prompt_ids if not turn_prompts else self._template(messages, True)
+                context = context[-self.prompt_length :]
+                turn_prompts.append(context)
+            else:
+                context = prompt_ids + response
             tick = time.perf_counter()
-            out = await self.server.generate(
-                request_id, prompt_ids=prompt_ids + response, sampling_params=params
-            )
+            out = await self.server.generate(request_id, prompt_ids=context, sampling_params=params)
             timing["generate_sequences"] += time.perf_counter() - tick
             tokens = list(out.token_ids)[:left]
             start = len(response)
@@ -459,8 +497,14 @@ class EpisodeRunner:
             if terminated or env_truncated:
                 truncated = bool(env_truncated)
                 break
+            if per_turn:  # the next prompt is rendered from the conversation
+                messages += [
+                    {"role": "assistant", "content": text},
+                    {"role": "user", "content": obs},
+                ]
+                continue
             # The env's reply; a turn cut by the token limit gets its end-of-turn token here.
-            reply = [] if tokens and tokens[-1] == self.eos_id else [self.eos_id]
+            reply = self.chat.close_turn(tokens)
             reply = (reply + self.observation_ids(obs))[: self.response_length - len(response)]
             response += reply
             mask += [0] * len(reply)
@@ -482,6 +526,8 @@ class EpisodeRunner:
             task_id=task_id,
             env_id=env_id,
             timing=timing,
+            mode=self.mode,
+            turn_prompt_ids=turn_prompts if per_turn else None,
         )
 
 
@@ -570,7 +616,9 @@ def _agent_loop_class() -> type:
 
         Keyword options (set them as keys of the loop's entry in ``agent_loop_config_path``):
         ``max_turns`` (default: ``rollout.multi_turn.max_assistant_turns``), ``max_turn_tokens``,
-        ``history_length`` (0), ``template`` and ``fmt`` (the env family's defaults).
+        ``history_length`` (0), ``template`` and ``fmt`` (the env family's defaults), and
+        ``end_ids`` (token ids that end a model turn besides EOS, e.g. Gemma 3's
+        ``<end_of_turn>``; a template whose turns end otherwise is refused at start, saying so).
         """
 
         def __init__(
@@ -581,6 +629,7 @@ def _agent_loop_class() -> type:
             history_length: int = 0,
             template: str | None = None,
             fmt: str | None = None,
+            end_ids: list[int] | None = None,
             **kwargs: Any,
         ) -> None:
             kwargs.pop("name", None)  # the entry's own name in agent_loop_config_path
@@ -600,6 +649,11 @@ def _agent_loop_class() -> type:
                 template=template,
                 fmt=fmt,
                 chat_template_kwargs=dict(self.apply_chat_template_kwargs or {}),
+                # verl's agent loop returns one sequence per dataset row, so episodes are played
+                # as one: each turn sampled from the tokens trained (drift-free); a template that
+                # re-renders earlier turns (Qwen3's <think>) keeps them as sampled (logged).
+                mode=EPISODE,
+                end_ids=end_ids,
             )
 
         async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:

@@ -27,6 +27,7 @@ _WRAPPER_CONFIG = frozenset(
         "_cached_spec",
         "_saved_kwargs",
         "_disable_render_order_enforcing",
+        "_max_episode_steps",  # TimeLimit's cap belongs to the env it was made with
     }
 )
 

@@ -410,14 +410,15 @@ def test_cache_cli(tmp_path):
 
 
 def test_bundled_cache_is_the_generators_rooms():
-    env = gym.make("AgentGym/Sokoban-10x10-3box-v0").unwrapped
+    made = gym.make("AgentGym/Sokoban-10x10-3box-v0")
+    env = made.unwrapped
     cache = env._cache
     assert len(cache) == 1000 and cache.dim == (10, 10) and cache.num_boxes == 3
     for i in (0, 999):
         room = generate_room(np.random.default_rng([cache.seed, i]), (10, 10), 3)
         assert np.array_equal(cache.fixed[i], room.fixed) and cache.room(i).boxes == room.boxes
     obs, info = env.reset(seed=0)
-    assert info["score"] == 0.0 and len(obs.split("\n")) == 10 and env.max_episode_steps == 50
+    assert info["score"] == 0.0 and len(obs.split("\n")) == 10 and made.spec.max_episode_steps == 50
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ The spaCy tests use the real ``en_core_web_sm`` folder from ../shared/data and t
 
 from __future__ import annotations
 
+import json
 import os
-import pickle
 import random
 from pathlib import Path
 
@@ -100,7 +100,7 @@ def test_no_step_runs_spacy_after_load_and_rewards_are_unchanged(
     catalogue = env.catalogue
     # loading tagged every distinct title once, in batches
     assert counted_spacy._nlp.texts == len(catalogue.titles) >= 1000
-    assert list(tmp_path.glob("webshop/nouns-spacy*.pkl"))
+    assert list(tmp_path.glob("webshop/nouns-spacy*.json"))
     counted_spacy._nlp.texts = 0
     # a second env on the same catalogue and extractor does not tag again
     WebShopEnv(webshop_real_data, noun_extractor=counted_spacy)
@@ -145,7 +145,7 @@ def test_cache_is_keyed_by_titles_and_extractor(tmp_path):
     prepare_title_nouns(nouns, b, cache_dir=tmp_path)
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == sorted(
-        f"nouns-{FallbackNouns.cache_tag}-{titles_digest(t)}.pkl" for t in (a, b)
+        f"nouns-{FallbackNouns.cache_tag}-{titles_digest(t)}.json" for t in (a, b)
     )
     assert titles_digest(a) != titles_digest(list(reversed(a)))
     assert FallbackNouns.cache_tag.startswith("fallback-")
@@ -157,8 +157,8 @@ def test_a_table_on_disk_is_used_as_is_and_a_corrupt_one_is_rebuilt(tmp_path):
     assert prepare_title_nouns(nouns, titles, cache_dir=tmp_path) == 2
     (path,) = tmp_path.iterdir()
     # doctor the file: a new extractor must answer from it, proving it was read
-    version, table = pickle.loads(path.read_bytes())
-    path.write_bytes(pickle.dumps((version, [("doctored",), ()])))
+    version, table = json.loads(path.read_text())
+    path.write_text(json.dumps([version, [["doctored"], []]]))
     reader = FallbackNouns()
     assert prepare_title_nouns(reader, titles, cache_dir=tmp_path) == 0
     assert reader(titles[0]) == ("doctored",)
@@ -166,7 +166,7 @@ def test_a_table_on_disk_is_used_as_is_and_a_corrupt_one_is_rebuilt(tmp_path):
     path.write_bytes(path.read_bytes()[:10])
     again = FallbackNouns()
     assert prepare_title_nouns(again, titles, cache_dir=tmp_path) == 2
-    assert again(titles[0]) == table[0] == FallbackNouns()(titles[0])
+    assert again(titles[0]) == tuple(table[0]) == FallbackNouns()(titles[0])
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
 
 

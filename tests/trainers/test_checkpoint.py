@@ -207,3 +207,226 @@ def test_signals_at_random_moments_then_resume_give_the_uninterrupted_run(tmp_pa
         assert untimed_metrics(run) == expected, (trial, outcomes[-1])
     print(outcomes)
     assert any(code != 0 for code, _ in outcomes)  # the signals did land during runs
+
+
+# ----------------------------------------------------------------------------------------------
+# hostile and damaged checkpoints, a full disk
+# ----------------------------------------------------------------------------------------------
+class RunsCode:
+    """Unpickling this calls ``os.mkdir(marker)``: what a crafted ``trainer_state.pt`` could do
+    with ``os.system`` instead, made observable."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.marker),))
+
+
+def rewrite_manifest(checkpoint: Path, name: str) -> None:
+    """Record ``name``'s current size and checksum in the manifest, as someone who crafted the
+    file would (the manifest guards against damage, not against an attacker)."""
+    import hashlib
+
+    manifest = json.loads((checkpoint / "checkpoint.json").read_text())
+    data = (checkpoint / name).read_bytes()
+    manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (checkpoint / "checkpoint.json").write_text(json.dumps(manifest))
+
+
+def test_a_crafted_trainer_state_is_refused_and_runs_nothing(tmp_path, capsys):
+    run, marker = tmp_path / "run", tmp_path / "code-ran"
+    main(cli_args(run, iterations=1))
+    checkpoint = run / "checkpoint-1"
+    torch.save({"iteration": 1, "payload": RunsCode(marker)}, checkpoint / STATE_FILE)
+    rewrite_manifest(checkpoint, STATE_FILE)
+    assert checkpoint_problem(checkpoint) is None  # it verifies: the refusal is the loader's
+    capsys.readouterr()
+
+    for target in (checkpoint, run):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--resume", str(target), "--iterations", "2", "--no-progress"])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert "refused to load trainer_state.pt" in err and "could run code" in err, err
+        assert not marker.exists()  # the payload never ran
+    assert not (run / "checkpoint-2").exists()
+
+
+def test_the_trainer_state_is_plain_data(tmp_path):
+    """What a checkpoint stores loads under ``weights_only=True``, RNG states included."""
+    import numpy as np
+
+    from trainers.gigpo.checkpoint import load_state
+
+    run = tmp_path / "run"
+    main(cli_args(run, iterations=1))
+    raw = torch.load(run / "checkpoint-1" / STATE_FILE, weights_only=True)
+    assert raw["iteration"] == 1 and isinstance(raw["torch_rng"], torch.Tensor)
+    state = load_state(run / "checkpoint-1")
+    name, keys, *_ = state["numpy_rng"]
+    assert name == "MT19937" and keys.dtype == np.uint32 and keys.shape == (624,)
+    np.random.set_state(state["numpy_rng"])
+    assert np.random.get_state()[1].tolist() == keys.tolist()
+
+
+def flip(file: Path, offset: int, count: int = 1) -> None:
+    """Invert ``count`` bytes of ``file`` from ``offset`` (negative: from the end); same size."""
+    data = bytearray(file.read_bytes())
+    start = offset % len(data)
+    for i in range(start, start + count):
+        data[i] ^= 0xFF
+    file.write_bytes(bytes(data))
+
+
+def safetensors_data_offset(file: Path) -> int:
+    return 8 + int.from_bytes(file.read_bytes()[:8], "little")
+
+
+CORRUPTIONS = {
+    # the zip's end-of-central-directory record: torch.load cannot find the archive's index
+    "state zip trailer": lambda c: flip(c / STATE_FILE, -12, 4),
+    # inside the JSON header that says where each tensor lies
+    "safetensors header": lambda c: flip(c / "model.safetensors", 12, 4),
+    "tokenizer bytes": lambda c: flip(c / "tokenizer.json", 200, 8),
+    # 64 bytes of weights, same size: loads fine, with wrong weights
+    "64 weight bytes": lambda c: flip(
+        c / "model.safetensors", safetensors_data_offset(c / "model.safetensors") + 512, 64
+    ),
+}
+CORRUPTED_FILE = {
+    "state zip trailer": STATE_FILE,
+    "safetensors header": "model.safetensors",
+    "tokenizer bytes": "tokenizer.json",
+    "64 weight bytes": "model.safetensors",
+}
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_a_damaged_latest_checkpoint_falls_back_to_the_latest_intact_one(
+    tmp_path, capsys, corruption
+):
+    """Resuming the run folder skips the damaged checkpoint-2 in one line, resumes from
+    checkpoint-1, and ends with the uninterrupted run's weights."""
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    main(cli_args(run, iterations=2))
+    # Copied out: load_file may map the file, whose bytes are about to be flipped.
+    intact = {
+        k: v.clone() for k, v in load_file(run / "checkpoint-2" / "model.safetensors").items()
+    }
+    size = {p.name: p.stat().st_size for p in (run / "checkpoint-2").iterdir()}
+    CORRUPTIONS[corruption](run / "checkpoint-2")
+    assert {p.name: p.stat().st_size for p in (run / "checkpoint-2").iterdir()} == size
+    name = CORRUPTED_FILE[corruption]
+    assert f"{name} does not match its checksum" in checkpoint_problem(run / "checkpoint-2")
+    capsys.readouterr()
+
+    # Naming the damaged checkpoint itself: refused in one line naming the intact one.
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--resume", str(run / "checkpoint-2"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert name in err and f"--resume {run / 'checkpoint-1'}" in err
+
+    main(["--resume", str(run), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"skipped checkpoint-2 ({name} does not match its checksum" in err
+    assert "resuming from checkpoint-1" in err
+    assert iterations_logged(run) == [1, 2]
+    resumed = load_file(run / "checkpoint-2" / "model.safetensors")
+    assert resumed.keys() == intact.keys()
+    assert all(torch.equal(resumed[k], intact[k]) for k in intact)  # not the damaged weights
+    assert checkpoint_problem(run / "checkpoint-2") is None
+
+
+def test_a_checkpoint_from_before_checksums_still_resumes(tmp_path):
+    """A manifest of sizes only (as checkpoints were written before checksums) is checked by
+    size and by the files' own indexes."""
+    run = tmp_path / "run"
+    main(cli_args(run, iterations=2))
+    manifest_file = run / "checkpoint-2" / "checkpoint.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["files"] = {name: entry["size"] for name, entry in manifest["files"].items()}
+    manifest_file.write_text(json.dumps(manifest))
+    assert checkpoint_problem(run / "checkpoint-2") is None
+    flip(run / "checkpoint-2" / "model.safetensors", 12, 4)  # a damaged header is still seen
+    assert "model.safetensors" in checkpoint_problem(run / "checkpoint-2")
+
+
+FULL_DISK_RUN = r"""
+import resource, signal, sys
+limit = int(sys.argv[1])
+# Writes past the limit fail with EFBIG (SIGXFSZ ignored): the path a full disk takes.
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+sys.argv = ["train", *sys.argv[2:]]
+import runpy
+runpy.run_module("trainers.gigpo.train", run_name="__main__")
+"""
+
+
+def assert_failed_save_left_things_tidy(run: Path, proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "could not save" in err and "checkpoint-2" in err and "earlier checkpoints" in err
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []  # space freed
+    assert not (run / "checkpoint-2").exists()
+    assert checkpoint_problem(run / "checkpoint-1") is None
+
+
+def test_a_write_that_fails_during_a_save_is_one_line_and_removes_the_partial_save(tmp_path):
+    """RLIMIT_FSIZE makes the save's writes fail as a full disk does (EFBIG instead of
+    ENOSPC, through the same writers)."""
+    run = tmp_path / "run"
+    main(cli_args(run, iterations=1))
+    limit = (run / "metrics.jsonl").stat().st_size * 4 + 4096  # metrics fit, weights do not
+    assert (run / "checkpoint-1" / "model.safetensors").stat().st_size > limit
+    proc = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_RUN, str(limit), "--resume", str(run),
+         "--iterations", "2", "--no-progress"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"},
+    )  # fmt: skip
+    assert_failed_save_left_things_tidy(run, proc)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A folder on a tmpfs of a given size (needs root; skips where mounting is not allowed)."""
+    mounted = []
+
+    def make(size_bytes: int) -> Path:
+        folder = tmp_path / f"tmpfs{len(mounted)}"
+        folder.mkdir()
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(folder)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+        mounted.append(folder)
+        return folder
+
+    yield make
+    for folder in mounted:
+        subprocess.run(["umount", str(folder)], check=False)
+
+
+def test_a_full_disk_during_a_save_is_one_line_and_keeps_earlier_checkpoints(tmp_path, small_tmpfs):
+    """A real full disk: a tmpfs with room for one checkpoint and a half."""
+    probe = tmp_path / "probe"
+    main(cli_args(probe, iterations=1))
+    used = sum(p.stat().st_size for p in probe.rglob("*") if p.is_file())
+    run = small_tmpfs(used * 3 // 2) / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainers.gigpo.train", *cli_args(run, iterations=2)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert_failed_save_left_things_tidy(run, proc)
+    assert "no space left" in proc.stderr

@@ -76,3 +76,106 @@ def test_no_env_given_trains_the_corridor_and_says_so(capsys):
     assert "no --env given" in err and "AgentGym/Corridor-v0" in err and "--env" in err
     parse_args(["--env", "AgentGym/Corridor-v0"])
     assert capsys.readouterr().err == ""
+
+
+#: Runs the training script as ``python -m trainers.gigpo.train ARGS`` does, then reports on
+#: stdout whether torch was imported and how long the answer took.
+AS_SCRIPT = r"""
+import runpy, sys, time
+start = time.perf_counter()
+sys.argv = ["train", *sys.argv[1:]]
+try:
+    runpy.run_module("trainers.gigpo.train", run_name="__main__")
+finally:
+    print("torch imported:", "torch" in sys.modules, "seconds:", time.perf_counter() - start)
+"""
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--iterashuns", "3"],  # a mistyped flag
+        ["--num-groups", "two"],  # a bad value
+        ["--advantage", "nope"],  # a value validation refuses
+    ],
+    ids=["unknown-flag", "bad-value", "bad-choice"],
+)
+def test_a_mistyped_flag_is_answered_before_torch_is_imported(tmp_path, flags):
+    proc = subprocess.run(
+        [sys.executable, "-c", AS_SCRIPT, "--out-dir", str(tmp_path / "run"), *flags],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "torch imported: False" in proc.stdout, proc.stdout
+    seconds = float(proc.stdout.split("seconds:")[1])
+    print(flags, f"answered in {seconds:.2f} s")
+    assert seconds < 10  # ~0.5 s on an idle machine; generous for a busy one
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [("AgentGym/WebShop-v0", "WEBSHOP_DATA"), ("AgentGym/ALFWorld-v0", "ALFWORLD_DATA")],
+)
+def test_a_family_without_its_data_is_one_line_before_the_run_folder(
+    tmp_path, monkeypatch, capsys, env, variable
+):
+    """Real-data ids whose data (or packages) are missing: the env's own one-line message,
+    exit code 2, no run folder, nothing loaded."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv(variable, str(empty))
+    monkeypatch.setenv("HOME", str(empty))  # no ~/.cache/alfworld to fall back to
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--env", env, "--out-dir", str(tmp_path / "run"), "--no-progress"])
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"--env {env}: " in err and ("not found" in err or "not installed" in err), err
+    assert "run folder" not in out and not (tmp_path / "run").exists()
+
+
+def test_help_and_the_demo_note_say_what_the_demo_runs(capsys):
+    """``--help`` shows, beside each default, the value the demo (no ``--env``) takes, and the
+    note the demo prints names its real iteration count."""
+    from trainers.gigpo.config import DEFAULT_ENV, build_parser
+
+    demo = parse_args([])
+    note = capsys.readouterr().err
+    help_text = " ".join(build_parser().format_help().split())
+    iterations = help_text.split("--iterations ITERATIONS training", 1)[1].split("--lr", 1)[0]
+    assert f"default: {Config().iterations}" in iterations
+    assert f"without --env, the demo's: {demo.iterations}" in iterations, iterations
+    assert f"{demo.iterations} iterations" in note and DEFAULT_ENV in note
+    description = help_text.split("options:", 1)[0]
+    assert f"{demo.iterations} iterations" in description and DEFAULT_ENV in description
+
+
+def test_eval_is_sized_to_the_run():
+    """Unset, the evaluation plays as many episodes as one rollout, up to 64."""
+    small = Config.for_env("AgentGym/Sokoban-v0", num_groups=4, group_size=4)
+    assert small.eval_groups is None and small.eval_tasks() == 16
+    assert Config.for_env("AgentGym/Sokoban-v0").eval_tasks() == 64  # 16 x 8, capped
+    assert Config.for_env("AgentGym/Sokoban-v0", eval_groups=5).eval_tasks() == 5
+    assert Config.for_env("AgentGym/Sokoban-v0", eval_every=0).eval_tasks() == 0
+    assert parse_args(["--env", "AgentGym/Sokoban-v0", "--eval-groups", "none"]).eval_tasks() == 64
+
+
+def test_config_and_checkpoint_do_not_import_each_other():
+    """checkpoint.py is the lower layer: config.py uses it, and it imports nothing of the
+    trainer's, not even inside a function."""
+    import ast
+
+    def trainer_imports(name: str) -> set[str]:
+        tree = ast.parse((ROOT / "trainers" / "gigpo" / f"{name}.py").read_text())
+        found = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+        return {m for m in found if m.startswith("trainers.")}
+
+    assert trainer_imports("checkpoint") == set()
+    assert "trainers.gigpo.checkpoint" in trainer_imports("config")

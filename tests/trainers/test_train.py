@@ -566,3 +566,46 @@ def test_ctrl_c_stops_cleanly_with_a_checkpoint_that_resumes(tmp_path):
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["iteration"] for x in lines] == list(range(1, done + 3))
     assert latest_complete(run) == run / f"checkpoint-{done + 2}"
+
+
+def test_resuming_a_finished_run_says_it_is_finished_and_how_to_extend_it(tmp_path, capsys):
+    from trainers.gigpo.train import main
+
+    run = tmp_path / "run"
+    first = train(corridor(tmp_path, **{**SMALL, "eval_every": 0}))
+    before = sorted(p.name for p in run.iterdir())
+    capsys.readouterr()
+    history = train(corridor(tmp_path, **{**SMALL, "eval_every": 0, "resume": str(run)}))
+    assert untimed(history) == untimed(first)
+    out = capsys.readouterr().out.strip()
+    assert len(out.splitlines()) == 1, out
+    assert "is finished" in out and f"--resume {run} --iterations 4" in out, out
+    assert "finished iterations" not in out  # not "finished iterations 3-2"
+    assert sorted(p.name for p in run.iterdir()) == before
+
+    main(["--resume", str(run), "--no-progress"])  # the command line says the same
+    assert "is finished" in capsys.readouterr().out
+    main(["--resume", str(run), "--iterations", "3", "--no-progress"])  # and extends it
+    assert iterations_logged(run) == [1, 2, 3]
+
+
+def iterations_logged(run) -> list[int]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(x)["iteration"] for x in lines if "rollout/success_rate" in json.loads(x)]
+
+
+def test_evaluation_is_sized_to_the_run_and_timed_apart(tmp_path, capsys):
+    """Unset ``eval_groups`` plays one rollout's worth of episodes (here 2 x 2), and the
+    iteration's time leaves the evaluation before it out (it has its own line and metric)."""
+    config = corridor(
+        tmp_path, iterations=1, num_groups=2, group_size=2, eval_every=1, eval_groups=None,
+        env_kwargs={"length": 2}, save_final=False,
+    )  # fmt: skip
+    history = train(config)
+    out = capsys.readouterr().out
+    assert "on 4 held-out tasks" in out
+    first_eval, record = history[0], history[1]
+    assert first_eval["iteration"] == 0 and "time/eval" in first_eval
+    parts = sum(record[k] for k in ("time/generate", "time/env", "time/advantage", "time/update"))
+    # What the iteration adds to its parts is bookkeeping, far below one evaluation.
+    assert record["time/iteration"] - parts < first_eval["time/eval"], (record, first_eval)

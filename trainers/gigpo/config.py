@@ -28,6 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+# checkpoint.py needs nothing from here (the dependency goes one way) and imports only the
+# standard library at load time, so that the command line answers before torch is imported.
+from trainers.gigpo.checkpoint import (
+    RUN_FILES as RUN_FILES,  # re-exported: what a run writes into its folder
+)
+from trainers.gigpo.checkpoint import CheckpointError, read_config, resolve_resume
+
 PROG = "python -m trainers.gigpo.train"
 
 #: The env the command line trains when no ``--env`` is given: the corridor learns with the
@@ -209,8 +216,10 @@ class Config:
     # --- evaluation, logging, checkpoints ------------------------------------------------------
     eval_every: int = 10
     """evaluate every this many iterations (and before the first and after the last); 0: never"""
-    eval_groups: int = 64
-    """evaluation episodes (one trajectory per task)"""
+    eval_groups: int | None = None
+    """evaluation episodes (one greedy trajectory per task); None: sized to the run, as many as
+    one iteration's rollout plays (``num_groups x group_size``) up to 64, so that an evaluation
+    costs about one rollout"""
     eval_temperature: float = 0.0
     """sampling temperature at evaluation; 0 is greedy"""
     seed: int = 0
@@ -250,6 +259,16 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def eval_tasks(self) -> int:
+        """Evaluation episodes per evaluation: ``eval_groups``, or when None, one rollout's
+        worth (``num_groups x group_size``) up to :data:`EVAL_TASKS_CAP`; 0 when evaluation is
+        off (``eval_every`` 0)."""
+        if self.eval_every <= 0:
+            return 0
+        if self.eval_groups is not None:
+            return self.eval_groups
+        return min(EVAL_TASKS_CAP, self.num_groups * self.group_size)
 
     def run_dir(self) -> Path:
         """The folder this run writes to (see ``out_dir``)."""
@@ -355,7 +374,7 @@ class Config:
                 raise ConfigError(f"{flag(name)} must be at least 1, got {getattr(self, name)}")
         for name in ("eval_every", "eval_groups", "checkpoint_every", "lora_rank",
                      "history_length", "temperature", "kl_coef", "entropy_coef"):  # fmt: skip
-            if getattr(self, name) < 0:
+            if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ConfigError(f"{flag(name)} must be at least 0, got {getattr(self, name)}")
         if not 0 <= self.gamma <= 1:
             raise ConfigError(f"{flag('gamma')} must be in [0, 1], got {self.gamma}")
@@ -371,12 +390,78 @@ class Config:
             raise ConfigError(f"{flag('model')} {self.model}: {problem}")
         resume = None
         if self.resume is not None:
-            from trainers.gigpo.checkpoint import resolve_resume
-
             resume = resolve_resume(self.resume)  # CheckpointError says what to pass instead
         problem = out_dir_problem(self.run_dir(), resume, self.overwrite)
         if problem:
             raise ConfigError(problem)
+        # Last (it may read the env's data): a family whose data or packages are missing is a
+        # one-line error now, not a traceback after the model has loaded.
+        problem = env_problem(self.env, self.env_kwargs, (self.train_split, self.eval_split))
+        if problem:
+            raise ConfigError(f"{flag('env')} {self.env}: {problem}")
+
+
+def check_env_id(env: str) -> None:
+    """Raise ValueError naming the registered agentgym ids if ``env`` is not a registered id."""
+    import gymnasium as gym
+
+    import agentgym  # noqa: F401  (registers the AgentGym/ ids)
+
+    if env not in gym.registry:
+        ids = sorted(k for k in gym.registry if k.startswith("AgentGym/"))
+        raise ValueError(f"unknown env id {env!r}; agentgym registers: {', '.join(ids)}")
+
+
+def env_problem(
+    env: str, env_kwargs: dict[str, Any], splits: tuple[str | None, ...] = ()
+) -> str | None:
+    """Why ``env`` cannot be played here (its optional packages or its data are missing), as
+    the env's own one-line message, or None.
+
+    Only ids that play real benchmark data are built (once, in this process) and reset on each
+    of ``splits``: the others generate their tasks and have nothing to miss but packages.
+    """
+    import gymnasium as gym
+
+    from agentgym.envs import MissingExtra, entry
+
+    try:
+        spec = entry(env)
+    except KeyError:  # not an agentgym id: reported by check_env_id
+        return None
+    try:
+        spec.check_available()
+    except MissingExtra as err:
+        return str(err)
+    if not spec.real_data:
+        return None
+    try:
+        made = gym.make(env, **env_kwargs)
+        try:
+            for split in dict.fromkeys(s for s in splits if s):
+                made.reset(seed=0, options={"split": split})
+        finally:
+            made.close()
+    except (OSError, ImportError, ValueError, KeyError) as err:  # data missing or unusable
+        return " ".join(str(err).split()) or type(err).__name__
+    return None
+
+
+def command_line(argv: list[str] | None = None) -> tuple[Config, list[str]]:
+    """The command line's config, checked: parsed, env id known, :meth:`Config.validate`
+    passed; otherwise the one-line error and exit code 2 (:func:`fail`).
+
+    Needs neither torch nor transformers, so that a mistyped flag is answered in well under a
+    second. Returns the config and the notes to print once training starts.
+    """
+    notes: list[str] = []
+    try:
+        config = parse_args(argv, notes)
+        check_env_id(config.env)
+        config.validate(cli=True)
+    except (ConfigError, CheckpointError, ValueError) as err:
+        fail(str(err))
+    return config, notes
 
 
 def model_problem(model: str) -> str | None:
@@ -411,10 +496,6 @@ def model_problem(model: str) -> str | None:
             f"({type(err).__name__}); {advice}"
         )
     return None
-
-
-#: What a run writes into its folder (and ``overwrite`` removes).
-RUN_FILES = ("metrics.jsonl", "metrics.jsonl.tmp", "tb", "curve.png")
 
 
 def out_dir_problem(run_dir: Path, resume: Path | None, overwrite: bool) -> str | None:
@@ -485,6 +566,14 @@ class Presets(MutableMapping[str, dict[str, Any]]):
 #: Per-env settings that differ from the defaults (see :class:`Presets`).
 PRESETS = Presets()
 
+#: The most evaluation episodes ``eval_groups=None`` sizes an evaluation to.
+EVAL_TASKS_CAP = 64
+
+#: What the corridor demo (the command line without ``--env``) costs, start to end: 94 s of
+#: CPU time (user + sys) under ``/usr/bin/time python -m trainers.gigpo.train --no-progress``;
+#: it runs on one core, so a busy machine stretches the wall-clock time.
+DEMO_DURATION = "about 2 minutes of CPU time"
+
 
 # --- command line ------------------------------------------------------------------------------
 def _field_docs() -> dict[str, str]:
@@ -533,21 +622,39 @@ def fail(message: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
+def demo_summary() -> str:
+    """What the corridor demo (no ``--env``) runs, from its preset: said by ``--help`` and by
+    the note a run without ``--env`` prints, so the two cannot disagree."""
+    demo = PRESETS[DEFAULT_ENV]
+    return (
+        f"a tiny model learns it in {demo['iterations']} iterations of {demo['num_groups']} x "
+        f"{demo['group_size']} episodes, {DEMO_DURATION}"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """An argparse parser with one ``--flag`` per :class:`Config` field (defaults suppressed)."""
+    """An argparse parser with one ``--flag`` per :class:`Config` field (defaults suppressed).
+
+    Each flag's help shows its default and, where the demo's preset sets it otherwise, the
+    value a run without ``--env`` takes."""
     parser = _OneLineParser(
         prog=PROG,
         description="Train an LLM agent on an agentgym env with GiGPO (or GRPO). Unset flags "
-        "take the env's preset, then the paper's defaults.",
+        f"take the env's preset, then the paper's defaults. Without --env: {DEFAULT_ENV}, the "
+        f"CPU demo ({demo_summary()}).",
         argument_default=argparse.SUPPRESS,
     )
+    demo = PRESETS[DEFAULT_ENV]
     hints = typing.get_type_hints(Config)
     docs = _field_docs()
     for f in dataclasses.fields(Config):
         conv, is_bool = _parser_type(hints[f.name])
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        help_text = f"{docs.get(f.name, '')} (default: {default!r})".replace("%", "%%")
+        shown = f"default: {default!r}"
+        if f.name in demo and demo[f.name] != default:
+            shown += f"; without --env, the demo's: {demo[f.name]!r}"
+        help_text = f"{docs.get(f.name, '')} ({shown})".replace("%", "%%")
         if is_bool:
             parser.add_argument(
                 flag, dest=f.name, action=argparse.BooleanOptionalAction, help=help_text
@@ -569,9 +676,13 @@ def parse_args(argv: list[str] | None = None, notes: list[str] | None = None) ->
     """
     given = vars(build_parser().parse_args(argv))
     if given.get("resume") is not None:
-        from trainers.gigpo.checkpoint import read_config, resolve_resume
-
-        checkpoint = resolve_resume(given["resume"])
+        skipped: list[str] = []
+        checkpoint = resolve_resume(given["resume"], skipped)  # past damaged checkpoints
+        if notes is None:
+            for line in skipped:
+                print(line, file=sys.stderr)
+        else:
+            notes.extend(skipped)
         names = {f.name for f in dataclasses.fields(Config)}
         saved = {k: v for k, v in read_config(checkpoint).items() if k in names}
         for name in RUN_FIELDS:
@@ -580,8 +691,8 @@ def parse_args(argv: list[str] | None = None, notes: list[str] | None = None) ->
         return Config(**{**saved, "out_dir": str(checkpoint.parent), **given})
     if "env" not in given:
         note = (
-            f"no --env given: training {DEFAULT_ENV}, the CPU demo (a tiny model learns it in "
-            "about a minute); pass --env ID for another env"
+            f"no --env given: training {DEFAULT_ENV}, the CPU demo ({demo_summary()}); pass "
+            "--env ID for another env"
         )
         if notes is None:
             print(note, file=sys.stderr)

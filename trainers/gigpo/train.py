@@ -39,6 +39,7 @@ Ctrl-C stops at once during a rollout or evaluation (nothing has changed yet) an
 update otherwise, writes a checkpoint and prints one line saying how to resume.
 """
 
+# ruff: noqa: E402  (the command line is checked before the heavy imports below)
 from __future__ import annotations
 
 import copy
@@ -55,14 +56,22 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+if __name__ == "__main__":
+    # Run as a script: check the command line before importing torch (seconds), so that a
+    # mistyped flag or a missing data folder is answered at once.
+    from trainers.gigpo.config import command_line
+
+    _CHECKED = command_line()
+
 import numpy as np
 import torch
 
 from trainers.gigpo import checkpoint
 from trainers.gigpo.advantage import compute_advantage
 from trainers.gigpo.checkpoint import STATE_FILE as STATE_FILE  # re-exported
-from trainers.gigpo.checkpoint import CheckpointError, resolve_resume
-from trainers.gigpo.config import PROG, Config, ConfigError, fail, parse_args
+from trainers.gigpo.checkpoint import CheckpointError, CheckpointSaveError, resolve_resume
+from trainers.gigpo.config import PROG, Config, ConfigError, command_line, fail
+from trainers.gigpo.config import check_env_id as check_env_id  # re-exported
 from trainers.gigpo.loss import (
     entropy_from_logits,
     kl_k3,
@@ -515,17 +524,6 @@ def episode_metrics(prefix: str, batch: RolloutBatch) -> dict[str, float]:
 # ----------------------------------------------------------------------------------------------
 # the training loop
 # ----------------------------------------------------------------------------------------------
-def check_env_id(env: str) -> None:
-    """Raise ValueError naming the registered agentgym ids if ``env`` is not a registered id."""
-    import gymnasium as gym
-
-    import agentgym  # noqa: F401  (registers the AgentGym/ ids)
-
-    if env not in gym.registry:
-        ids = sorted(k for k in gym.registry if k.startswith("AgentGym/"))
-        raise ValueError(f"unknown env id {env!r}; agentgym registers: {', '.join(ids)}")
-
-
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C stopped training; ``checkpoint`` is the checkpoint it can resume from (None: none
     was written by this run) and ``message`` the one line to show."""
@@ -660,11 +658,24 @@ def train(config: Config) -> list[dict[str, Any]]:
     t_start = time.perf_counter()
     check_env_id(config.env)  # before minutes of model loading, not after
     config.validate()
-    resume_dir = resolve_resume(config.resume) if config.resume else None
+    skipped: list[str] = []  # damaged checkpoints of a run folder, passed over
+    resume_dir = resolve_resume(config.resume, skipped) if config.resume else None
     out_dir = config.run_dir()
     resuming_in_place = resume_dir is not None and resume_dir.parent.resolve() == out_dir.resolve()
     state = checkpoint.load_state(resume_dir) if resume_dir else None
     loud = not config.quiet
+    for line in skipped:
+        print(line, file=sys.stderr)
+    if state is not None and state["iteration"] >= config.iterations:
+        # Nothing to train: say so (and how to go on) instead of "finished iterations 61-60".
+        done = state["iteration"]
+        print(
+            f"the run in {resume_dir.parent} is finished: {resume_dir.name} has {done} "
+            f"iterations and --iterations is {config.iterations}; to train it further, pass a "
+            f"larger --iterations, e.g. --resume {resume_dir.parent} --iterations {2 * done}",
+            flush=True,
+        )
+        return list(state["history"])
 
     def say(line: str) -> None:
         if bar is not None:
@@ -695,7 +706,17 @@ def train(config: Config) -> list[dict[str, Any]]:
     with (
         checkpoint.quiet_transformers() if config.quiet or config.model == "tiny" else nullcontext()
     ):
-        model, tokenizer = load_model_and_tokenizer(config, resume_dir)
+        try:
+            model, tokenizer = load_model_and_tokenizer(config, resume_dir)
+        except (OSError, ValueError, RuntimeError) as err:
+            if resume_dir is None or isinstance(err, CheckpointError):
+                raise
+            # A checkpoint saved before checksums existed can still hold damaged weights.
+            first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+            raise CheckpointError(
+                f"--resume {resume_dir}: its model or tokenizer cannot be loaded "
+                f"({type(err).__name__}: {first}); resume from an earlier checkpoint"
+            ) from None
     model.to(device)
     checkpointing = config.gradient_checkpointing
     if checkpointing or (checkpointing is None and device.type == "cuda"):
@@ -795,10 +816,10 @@ def train(config: Config) -> list[dict[str, Any]]:
         num_workers=config.env_workers,
     )
     eval_venv = None
-    if config.eval_every > 0 and config.eval_groups > 0:
+    if config.eval_tasks() > 0:
         eval_venv = make_group_env(
             config.env,
-            num_groups=config.eval_groups,
+            num_groups=config.eval_tasks(),
             group_size=1,
             fmt=config.fmt,
             history_length=config.history_length,
@@ -890,10 +911,10 @@ def train(config: Config) -> list[dict[str, Any]]:
         if device.type == "cpu" and config.cpu_threads:
             torch.set_num_threads(config.cpu_threads)  # restored in `finally`
         for it in iterations:
-            t_iter = time.perf_counter()
             consistent = (it, len(history), rng_state())
             if eval_venv is not None and it % config.eval_every == 0 and not evaluated_at(it):
-                emit(evaluate(it))
+                emit(evaluate(it))  # timed apart (time/eval, its own line), not in the iteration
+            t_iter = time.perf_counter()
 
             # ROLLOUT ---------------------------------------------------------------------
             progress = _RolloutProgress(policy, phase, venv.num_envs, f"rollout {it + 1}")
@@ -1152,21 +1173,22 @@ def _interrupted(
     return TrainingInterrupted(f"interrupted after iteration {done}: saved {path}; {resume}", path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """The command line: config errors are one line and exit code 2, Ctrl-C exit code 130."""
-    notes: list[str] = []
-    try:
-        config = parse_args(argv, notes)
-        check_env_id(config.env)
-        config.validate(cli=True)
-    except (ConfigError, CheckpointError, ValueError) as err:
-        fail(str(err))
+def main(argv: list[str] | None = None, checked: tuple[Config, list[str]] | None = None) -> None:
+    """The command line: config errors are one line and exit code 2, a checkpoint that cannot
+    be written one line and exit code 1, Ctrl-C exit code 130.
+
+    ``checked``: what :func:`~trainers.gigpo.config.command_line` returned for the command line
+    already (run as a script, it is checked before torch is imported).
+    """
+    config, notes = checked if checked is not None else command_line(argv)
     for note in notes:
         print(note, file=sys.stderr)
     try:
         train(config)
     except (ConfigError, CheckpointError) as err:  # found while loading (a checkpoint's files)
         fail(str(err))
+    except CheckpointSaveError as err:  # a full disk: the run so far is in earlier checkpoints
+        fail(str(err), code=1)
     except KeyboardInterrupt as stop:  # not an error: one line saying where things stand
         message = getattr(stop, "message", "interrupted before training started: nothing saved")
         print(f"{PROG}: {message}", file=sys.stderr)
@@ -1174,4 +1196,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(checked=_CHECKED)

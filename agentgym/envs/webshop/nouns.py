@@ -25,7 +25,7 @@ stderr once. Both extractors memoise titles, which repeat across steps and episo
 A catalogue's titles are tagged once, when an env loads it (:func:`prepare_title_nouns`), so no
 step runs the tagger: the nouns of every product and goal title are computed in batches and
 pinned in the extractor (never evicted), and kept on disk under
-``$AGENTGYM_CACHE/webshop/nouns-<extractor tag>-<titles digest>.pkl``. The file is named by the
+``$AGENTGYM_CACHE/webshop/nouns-<extractor tag>-<titles digest>.json``. The file is named by the
 extractor's :attr:`~SpacyNouns.cache_tag` (model name and version, spaCy's version) and a digest of
 the titles themselves, so another model or another catalogue never reads a stale table. It is
 written atomically (temporary file + rename); when the cache folder is not writable the table
@@ -40,8 +40,8 @@ Note that the tagger's version matters as much as the tagger: WebShop pinned spa
 from __future__ import annotations
 
 import hashlib
+import json
 import os
-import pickle
 import re
 import sys
 import tempfile
@@ -418,21 +418,25 @@ def titles_digest(titles: Iterable[str]) -> str:
 
 
 def _default_cache_dir() -> Path:
-    base = os.environ.get("AGENTGYM_CACHE") or Path.home() / ".cache" / "agentgym"
-    return Path(base) / "webshop"
+    from agentgym.envs.cache import cache_dir
+
+    return cache_dir("webshop")
 
 
 def _read_table(path: Path, n: int) -> list[tuple[str, ...]] | None:
     try:
-        with open(path, "rb") as f:
-            version, table = pickle.load(f)
+        # JSON, not pickle: a cache file is data, and loading it must never run code.
+        with open(path, encoding="utf-8") as f:
+            version, table = json.load(f)
     except FileNotFoundError:
         return None
-    except (OSError, EOFError, ValueError, TypeError, pickle.UnpicklingError):
+    except (OSError, ValueError, TypeError):
         return None  # a truncated or foreign file: tag again and overwrite it
     if version != _NOUN_TABLE_VERSION or not isinstance(table, list) or len(table) != n:
         return None
-    return table
+    if not all(isinstance(row, list) and all(isinstance(w, str) for w in row) for row in table):
+        return None
+    return [tuple(row) for row in table]
 
 
 def _write_table(path: Path, table: list[tuple[str, ...]]) -> bool:
@@ -442,8 +446,8 @@ def _write_table(path: Path, table: list[tuple[str, ...]]) -> bool:
     except OSError:
         return False
     try:
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump((_NOUN_TABLE_VERSION, table), f, protocol=pickle.HIGHEST_PROTOCOL)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump([_NOUN_TABLE_VERSION, table], f, separators=(",", ":"))
         os.replace(tmp, path)  # readers see the old file or the whole new one, never a part
         return True
     except OSError:
@@ -457,7 +461,7 @@ def _write_table(path: Path, table: list[tuple[str, ...]]) -> bool:
 def _prepare(extractor, titles: Sequence[str], digest: str, cache_dir) -> int:
     if digest in extractor._prepared:
         return 0
-    path = Path(cache_dir or _default_cache_dir()) / f"nouns-{extractor.cache_tag}-{digest}.pkl"
+    path = Path(cache_dir or _default_cache_dir()) / f"nouns-{extractor.cache_tag}-{digest}.json"
     table = _read_table(path, len(titles))
     tagged = 0
     if table is None:

@@ -1,0 +1,215 @@
+"""Step caps: one cap in force (gymnasium's registered ``max_episode_steps`` and ``TimeLimit``),
+so a larger cap lets episodes run longer, wherever agentgym builds envs for the caller.
+
+Episodes are played with an action no family understands: invalid steps change nothing and
+never end an episode, so only the step cap can end it.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import agentgym
+from agentgym.vector import GroupVectorEnv
+
+NONSENSE = "xyzzy plugh"
+#: ids whose cap is their own (larger rooms take more steps), not their env class's default
+LONGER_CAP_VARIANTS = {"AgentGym/Sokoban-8x8-2box-v0", "AgentGym/Sokoban-10x10-3box-v0"}
+ids = pytest.mark.parametrize("env_id", agentgym.env_ids())
+
+
+def steps_until_done(env: gym.Env, limit: int = 500) -> tuple[int, bool, bool]:
+    """``(steps taken, terminated, truncated)`` playing :data:`NONSENSE` from ``reset(seed=0)``."""
+    env.reset(seed=0)
+    for n in range(1, limit + 1):
+        _, _, terminated, truncated, info = env.step(NONSENSE)
+        assert info["action_valid"] is False
+        if terminated or truncated:
+            return n, bool(terminated), bool(truncated)
+    return limit, False, False
+
+
+def registered_cap(env_id: str) -> int:
+    cap = gym.spec(env_id).max_episode_steps
+    assert isinstance(cap, int) and cap > 0, f"{env_id} registers no step cap"
+    return cap
+
+
+@ids
+def test_default_cap_is_registered_reported_and_enforced_once(env_id, make):
+    env = make(env_id)
+    cap = registered_cap(env_id)
+    assert env.spec.max_episode_steps == cap
+    assert env.unwrapped.max_episode_steps is None  # the env's own cap is off: one cap
+    assert steps_until_done(env) == (cap, False, True)
+    env.close()
+    if env_id in LONGER_CAP_VARIANTS:
+        return
+    # The registered cap is the one the env class applies when built directly (no drift).
+    e = agentgym.entry(env_id)
+    module, cls = e.entry_point.split(":")
+    direct = getattr(importlib.import_module(module), cls)(**e.kwargs)
+    assert direct.max_episode_steps == cap
+    direct.close()
+
+
+@ids
+def test_gym_make_cap_lengthens_and_shortens_episodes(env_id, make):
+    make(env_id).close()  # real data located (or the id skipped) as for every registry test
+    cap = registered_cap(env_id)
+    for asked in (cap + 3, 2):
+        env = gym.make(env_id, max_episode_steps=asked)
+        assert env.spec.max_episode_steps == asked
+        assert steps_until_done(env) == (asked, False, True)
+        env.close()
+
+
+@ids
+def test_make_vec_cap_lengthens_episodes(env_id, make):
+    make(env_id).close()
+    asked = registered_cap(env_id) + 2
+    venv = gym.make_vec(env_id, num_envs=2, max_episode_steps=asked)
+    try:
+        venv.reset(seed=0)
+        for n in range(1, asked + 1):
+            _, _, terminated, truncated, _ = venv.step([NONSENSE, NONSENSE])
+            assert not terminated.any()
+            assert truncated.all() == (n == asked), f"step {n}: truncated {truncated}"
+    finally:
+        venv.close()
+
+
+def test_default_make_vec_keeps_the_registered_cap():
+    venv = gym.make_vec("AgentGym/Corridor-v0", num_envs=1)
+    try:
+        assert venv.spec.max_episode_steps == 12
+        venv.reset(seed=0)
+        truncated = [bool(venv.step([NONSENSE])[3][0]) for _ in range(12)]
+        assert truncated == [False] * 11 + [True]
+    finally:
+        venv.close()
+
+
+@pytest.mark.parametrize("backend", ["inprocess", "process"])
+def test_group_vector_env_cap_from_env_kwargs(backend):
+    venv = GroupVectorEnv(
+        "AgentGym/Sokoban-v0",
+        num_groups=1,
+        group_size=2,
+        backend=backend,
+        num_workers=1,
+        env_kwargs={"max_episode_steps": 40},
+    )
+    try:
+        venv.reset(seed=0)
+        steps = 0
+        while venv.active.any():
+            venv.step([NONSENSE] * 2)
+            steps += 1
+        assert steps == 40
+        assert all(t.truncated and len(t.steps) == 40 for t in venv.trajectories())
+    finally:
+        venv.close()
+
+
+def test_a_restored_snapshot_counts_steps_from_where_it_was_taken():
+    """The cap counts the steps since reset, across a GroupVectorEnv snapshot and restore."""
+    venv = GroupVectorEnv(
+        "AgentGym/Corridor-v0", num_groups=1, group_size=1, env_kwargs={"max_episode_steps": 20}
+    )
+    try:
+        venv.reset(seed=0)
+        for _ in range(15):
+            venv.step([NONSENSE])
+        snap = venv.snapshot(0)
+        venv.reset(seed=1)
+        venv.reset_to([snap])
+        truncated = [bool(venv.step([NONSENSE])[3][0]) for _ in range(5)]
+        assert truncated == [False] * 4 + [True]
+    finally:
+        venv.close()
+
+
+def test_a_snapshot_does_not_carry_its_cap_into_an_env_with_another():
+    """A snapshot taken under cap 40 restores into an env made with cap 15: the step count comes
+    along (episode state), the cap stays the target env's own (configuration)."""
+    source = GroupVectorEnv(
+        "AgentGym/Corridor-v0", num_groups=1, group_size=1, env_kwargs={"max_episode_steps": 40}
+    )
+    target = GroupVectorEnv(
+        "AgentGym/Corridor-v0", num_groups=1, group_size=1, env_kwargs={"max_episode_steps": 15}
+    )
+    try:
+        source.reset(seed=0)
+        for _ in range(10):
+            source.step([NONSENSE])
+        snap = source.snapshot(0)
+        target.reset(seed=1)
+        target.reset_to([snap])
+        truncated = [bool(target.step([NONSENSE])[3][0]) for _ in range(5)]
+        assert truncated == [False] * 4 + [True]  # steps 11..15 of a 15-step cap
+    finally:
+        source.close()
+        target.close()
+
+
+def test_cap_as_env_argument_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match=r"max_episode_steps=8\)"):
+        gym.make("AgentGym/SearchQA-Synthetic-v0", max_turns=8)
+
+
+def test_trainer_max_steps_reaches_the_envs():
+    pytest.importorskip("torch")
+    from trainers.gigpo.config import Config
+    from trainers.gigpo.train import _env_kwargs
+
+    kwargs = _env_kwargs(Config(env="AgentGym/Corridor-v0", max_steps=30))
+    venv = GroupVectorEnv("AgentGym/Corridor-v0", num_groups=1, group_size=1, env_kwargs=kwargs)
+    try:
+        venv.reset(seed=0)
+        steps = 0
+        while venv.active.any():
+            venv.step([NONSENSE])
+            steps += 1
+        assert steps == 30  # longer than the registered 12
+    finally:
+        venv.close()
+
+
+def test_served_env_takes_the_cap_from_env_kwargs():
+    pytest.importorskip("openenv", reason="openenv-core not installed")
+    from agentgym.integrations.openenv import AgentGymAction, ServedEnvironment
+
+    served = ServedEnvironment("AgentGym/Corridor-v0", env_kwargs={"max_episode_steps": 25})
+    try:
+        served.reset(seed=0)
+        done = [served.step(AgentGymAction(text=NONSENSE)).done for _ in range(25)]
+        assert done == [False] * 24 + [True]
+    finally:
+        served.close()
+
+
+def test_llm_envs_of_the_adapters_take_the_cap():
+    """verl's agent loop and the LLM-facing wrappers build envs with make_llm_env."""
+    from agentgym.wrappers.llm import make_llm_env
+
+    env = make_llm_env("AgentGym/Corridor-v0", env_kwargs={"max_episode_steps": 18}, fmt="plain")
+    assert steps_until_done(env) == (18, False, True)
+    env.close()
+
+
+def test_trl_environment_takes_the_cap():
+    pytest.importorskip("trl")
+    from agentgym.integrations.trl import AgentGymEnvironment
+
+    env = AgentGymEnvironment("AgentGym/Corridor-v0", {"max_episode_steps": 16})
+    env.reset(seed=0)
+    for _ in range(16):
+        env.act(NONSENSE)
+    traj = env.trajectory
+    assert traj.truncated and len(traj.steps) == 16
+    assert np.isclose(env.get_reward(), traj.total_return)
