@@ -546,6 +546,8 @@ class Presets(MutableMapping[str, dict[str, Any]]):
         spec = family_spec(registered.family)
         # a copy: a config must never share the preset's env_kwargs dict with the next one
         preset = copy.deepcopy(dict(spec.trainer_defaults)) if spec is not None else {}
+        if registered.max_episode_steps is not None:
+            preset["max_steps"] = registered.max_episode_steps  # the registry's cap, not a copy
         return preset
 
     def __setitem__(self, env: str, preset: dict[str, Any]) -> None:
