@@ -1,0 +1,95 @@
+"""A server that is down, slow, answers 500 or garbage never kills a run: the turns become
+invalid steps, the episodes end truncated with the reason, and the summary counts them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from agentgym.cli import main
+from agentgym.eval import (
+    OpenAIChatPolicy,
+    RolloutEngine,
+    SamplingParams,
+    make_episodes,
+    summarize,
+)
+
+
+def _run(policy, specs, **kw):
+    engine = RolloutEngine(policy, SamplingParams(temperature=0, max_tokens=8), **kw)
+
+    async def go():
+        try:
+            return await engine.run(specs)
+        finally:
+            await policy.aclose()
+
+    return asyncio.run(go()), engine
+
+
+@pytest.mark.parametrize(
+    ("mode", "kind"),
+    [("500", "http_status"), ("garbage", "bad_response"), ("slow", "timeout"), ("down", "connection")],
+)
+def test_failing_server_ends_turns_invalid_and_episodes_truncated(faulty_server, mode, kind):
+    base, down = faulty_server
+    url = down if mode == "down" else f"{base}/{mode}"
+    policy = OpenAIChatPolicy(url, timeout=0.5, retries=1, backoff=0.01, model="faulty")
+    specs = make_episodes("AgentGym/Corridor-v0", tasks=2, group_size=2)
+    records, engine = _run(policy, specs, max_turns=5, max_policy_errors=2)
+
+    assert len(records) == 4
+    for rec in records:
+        # two failed turns in a row end the episode, each an invalid step with the reason kept
+        assert rec.end_reason == "policy_errors" and rec.truncated and not rec.terminated
+        assert [t.action_valid for t in rec.turns] == [False, False]
+        assert all(t.error_kind == kind and t.error for t in rec.turns)
+        assert all(t.action is None for t in rec.turns)
+        assert rec.error is not None
+    summary = summarize(records)
+    assert summary["policy_errors"] == {kind: 8}
+    assert summary["end_reasons"] == {"policy_errors": 4}
+    assert summary["invalid_action_rate"] == 1.0
+    assert engine.stats.errors == {kind: 8}
+
+
+def test_retry_recovers_from_a_busy_answer(faulty_server):
+    base, _ = faulty_server
+    policy = OpenAIChatPolicy(f"{base}/flaky", timeout=5, retries=2, backoff=0.01, model="faulty")
+    out = asyncio.run(policy.act([{"role": "user", "content": "hi"}], SamplingParams()))
+    asyncio.run(policy.aclose())
+    assert out.error is None and out.attempts == 2
+    # vLLM's "token_id:<id>" tokens give the sampled ids; their log-probs are kept
+    assert out.token_ids == [60, 61] and out.logprobs == [-0.25, -1.5]
+    assert out.text == "<think>go</think><action>red</action>"
+
+
+def test_cli_against_a_500_server_completes_and_counts(faulty_server, tmp_path, capsys):
+    base, _ = faulty_server
+    code = main(
+        ["eval", "Corridor-v0", "--base-url", f"{base}/500", "--served-model", "faulty",
+         "--tasks", "1", "--group-size", "2", "--max-turns", "3", "--timeout", "2",
+         "--retries", "0", "--out-dir", str(tmp_path), "--quiet"]
+    )
+    assert code == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    env = results["envs"]["AgentGym/Corridor-v0"]
+    assert results["complete"] and results["episodes_finished"] == 2
+    assert env["policy_errors"] == {"http_status": 4} and env["end_reasons"] == {"policy_errors": 2}
+    lines = (tmp_path / "trajectories.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    turn = json.loads(lines[0])["turns"][0]
+    assert "HTTP 500" in turn["error"] and turn["action_valid"] is False
+    assert "policy errors         http_status 4" in capsys.readouterr().out
+
+
+def test_cli_bad_input_is_a_clear_error(tmp_path, capsys):
+    assert main(["eval", "NoSuchEnv-v9", "--base-url", "http://127.0.0.1:9", "--out-dir", str(tmp_path)]) == 2
+    assert "NoSuchEnv-v9" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["eval", "Corridor-v0", "--base-url", "http://x", "--top-p", "0"])
+    with pytest.raises(SystemExit):  # one model source, not two
+        main(["eval", "Corridor-v0", "--base-url", "http://x", "--model", "m"])
