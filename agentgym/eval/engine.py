@@ -469,7 +469,7 @@ class RolloutEngine:
         valid = bool(info.get("action_valid", True)) and output.error is None
         turn = Turn(
             index=len(record.turns),
-            messages=[{"role": "user", "content": live.prompt}],
+            messages=output.messages or [{"role": "user", "content": live.prompt}],
             text=output.text,
             action=info.get("parsed_action") if output.error is None else None,
             action_valid=valid,

@@ -87,6 +87,8 @@ class PolicyOutput:
     action_scores: dict[str, float] | None = None
     """scored policy: each candidate action's score"""
     attempts: int = 1
+    messages: list[dict[str, str]] | None = None
+    """the messages actually sent, where the policy changed the ones it was given"""
 
 
 class Policy(ABC):
@@ -258,6 +260,9 @@ class OpenAIChatPolicy(Policy):
             base_url, api_key, model, timeout, retries, backoff, max_connections
         )
         self.logprobs = logprobs
+        # vLLM's extension field; strict servers (transformers serve) answer 422 to unknown
+        # fields, so it is dropped for good after the first such answer.
+        self._token_ids_field = logprobs
 
     async def act(
         self, messages: Messages, params: SamplingParams, info: dict[str, Any] | None = None
@@ -273,8 +278,19 @@ class OpenAIChatPolicy(Policy):
         if self.logprobs:
             # vLLM returns each sampled token as "token_id:<id>" with this flag, so the ids
             # trained are the ids sampled (no re-tokenisation of the text).
-            body.update(logprobs=True, top_logprobs=0, return_tokens_as_token_ids=True)
+            body.update(logprobs=True, top_logprobs=0)
+        if self._token_ids_field:
+            body["return_tokens_as_token_ids"] = True
         data, error, kind, attempts = await self.http.post("/chat/completions", body)
+        if (
+            data is None
+            and self._token_ids_field
+            and error is not None
+            and "return_tokens_as_token_ids" in error
+        ):
+            self._token_ids_field = False
+            del body["return_tokens_as_token_ids"]
+            data, error, kind, attempts = await self.http.post("/chat/completions", body)
         latency = time.perf_counter() - started
         if data is None:
             return PolicyOutput(
@@ -774,10 +790,21 @@ class ScoredActionPolicy(Policy):
                 error="the env lists no admissible or suggested actions to score",
                 error_kind="no_candidates",
             )
+        listed = info.get("admissible_actions") if info else None
+        if listed is None or list(listed) != actions:
+            # The prompt lists the env's admissible actions, or none (SearchQA): name the
+            # candidates scored, so the model is asked for one of them.
+            shown = ", ".join(repr(a) for a in actions)
+            messages = [
+                *messages[:-1],
+                {**messages[-1], "content": f"{messages[-1]['content']}Choose one of: {shown}\n"},
+            ]
         scored, error, kind = await self.scorer.score(messages, actions)
         latency = time.perf_counter() - started
         if scored is None:
-            return PolicyOutput("", latency_s=latency, error=error, error_kind=kind)
+            return PolicyOutput(
+                "", latency_s=latency, error=error, error_kind=kind, messages=messages
+            )
         values = [s if self.reduce == "sum" else s / max(n, 1) for s, n in scored]
         if params.temperature <= 0:
             choice = max(range(len(actions)), key=values.__getitem__)
@@ -790,6 +817,7 @@ class ScoredActionPolicy(Policy):
             completion_tokens=scored[choice][1],
             latency_s=latency,
             action_scores=dict(zip(actions, values, strict=True)),
+            messages=messages,
         )
 
     async def aclose(self) -> None:

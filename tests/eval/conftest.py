@@ -43,7 +43,7 @@ class _Faulty(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802
         length = int(self.headers.get("Content-Length") or 0)
-        self.rfile.read(length)
+        request = json.loads(self.rfile.read(length) or b"{}")
         mode = self.path.strip("/").split("/")[0]
         with self.lock:
             self.hits[mode] = self.hits.get(mode, 0) + 1
@@ -55,6 +55,9 @@ class _Faulty(BaseHTTPRequestHandler):
         elif mode == "slow":
             time.sleep(3.0)
             self._reply(200, b"{}")
+        elif mode == "strict" and "return_tokens_as_token_ids" in request:
+            # as transformers serve does with fields it does not know
+            self._reply(422, b'{"detail": "Unexpected fields: {\'return_tokens_as_token_ids\'}"}')
         elif mode == "flaky" and count % 2 == 1:
             self._reply(503, b"busy")
         else:  # ok, and flaky's second try
@@ -66,7 +69,10 @@ class _Faulty(BaseHTTPRequestHandler):
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": "<think>go</think><action>red</action>"},
+                        "message": {
+                            "role": "assistant",
+                            "content": "<think>go</think><action>red</action>",
+                        },
                         "finish_reason": "stop",
                         "logprobs": {"content": content},
                     }
@@ -120,16 +126,30 @@ def smollm2_server(smollm2_path, tmp_path_factory):
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [exe, "serve", str(smollm2_path), "--device", "cpu", "--host", "127.0.0.1",
-             "--port", str(port), "--continuous-batching"],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
+            [
+                exe,
+                "serve",
+                str(smollm2_path),
+                "--device",
+                "cpu",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--continuous-batching",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     try:
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"transformers serve exited ({proc.returncode}): {Path(log).read_text()[-2000:]}")
+                pytest.fail(
+                    f"transformers serve exited ({proc.returncode}): {Path(log).read_text()[-2000:]}"
+                )
             try:
                 with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as reply:
                     if reply.status == 200:
@@ -137,7 +157,9 @@ def smollm2_server(smollm2_path, tmp_path_factory):
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"transformers serve did not answer in 300 s: {Path(log).read_text()[-2000:]}")
+                pytest.fail(
+                    f"transformers serve did not answer in 300 s: {Path(log).read_text()[-2000:]}"
+                )
             time.sleep(1.0)
         yield url
     finally:
@@ -147,4 +169,3 @@ def smollm2_server(smollm2_path, tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-

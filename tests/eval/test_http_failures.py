@@ -32,7 +32,12 @@ def _run(policy, specs, **kw):
 
 @pytest.mark.parametrize(
     ("mode", "kind"),
-    [("500", "http_status"), ("garbage", "bad_response"), ("slow", "timeout"), ("down", "connection")],
+    [
+        ("500", "http_status"),
+        ("garbage", "bad_response"),
+        ("slow", "timeout"),
+        ("down", "connection"),
+    ],
 )
 def test_failing_server_ends_turns_invalid_and_episodes_truncated(faulty_server, mode, kind):
     base, down = faulty_server
@@ -67,12 +72,40 @@ def test_retry_recovers_from_a_busy_answer(faulty_server):
     assert out.text == "<think>go</think><action>red</action>"
 
 
+def test_a_strict_server_gets_the_request_without_vllm_fields(faulty_server):
+    base, _ = faulty_server
+    policy = OpenAIChatPolicy(f"{base}/strict", retries=0, model="faulty")
+    outs = [
+        asyncio.run(policy.act([{"role": "user", "content": "hi"}], SamplingParams())) for _ in "ab"
+    ]
+    assert [o.error for o in outs] == [None, None]
+    assert policy._token_ids_field is False  # dropped once, not retried on every turn
+
+
 def test_cli_against_a_500_server_completes_and_counts(faulty_server, tmp_path, capsys):
     base, _ = faulty_server
     code = main(
-        ["eval", "Corridor-v0", "--base-url", f"{base}/500", "--served-model", "faulty",
-         "--tasks", "1", "--group-size", "2", "--max-turns", "3", "--timeout", "2",
-         "--retries", "0", "--out-dir", str(tmp_path), "--quiet"]
+        [
+            "eval",
+            "Corridor-v0",
+            "--base-url",
+            f"{base}/500",
+            "--served-model",
+            "faulty",
+            "--tasks",
+            "1",
+            "--group-size",
+            "2",
+            "--max-turns",
+            "3",
+            "--timeout",
+            "2",
+            "--retries",
+            "0",
+            "--out-dir",
+            str(tmp_path),
+            "--quiet",
+        ]
     )
     assert code == 0
     results = json.loads((tmp_path / "results.json").read_text())
@@ -87,7 +120,12 @@ def test_cli_against_a_500_server_completes_and_counts(faulty_server, tmp_path, 
 
 
 def test_cli_bad_input_is_a_clear_error(tmp_path, capsys):
-    assert main(["eval", "NoSuchEnv-v9", "--base-url", "http://127.0.0.1:9", "--out-dir", str(tmp_path)]) == 2
+    assert (
+        main(
+            ["eval", "NoSuchEnv-v9", "--base-url", "http://127.0.0.1:9", "--out-dir", str(tmp_path)]
+        )
+        == 2
+    )
     assert "NoSuchEnv-v9" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["eval", "Corridor-v0", "--base-url", "http://x", "--top-p", "0"])
