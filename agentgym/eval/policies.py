@@ -22,6 +22,7 @@ work at all with this backend, :class:`PolicyUnavailable`) raises, once, with wh
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import math
 import queue
@@ -284,7 +285,7 @@ class OpenAIChatPolicy(Policy):
         data, error, kind, attempts = await self.http.post("/chat/completions", body)
         if (
             data is None
-            and self._token_ids_field
+            and "return_tokens_as_token_ids" in body  # (another request may have dropped it)
             and error is not None
             and "return_tokens_as_token_ids" in error
         ):
@@ -460,7 +461,8 @@ class TransformersPolicy(Policy):
     no repetition penalty: the model's own generation defaults are overridden so the recorded
     log-probs are those of the distribution sampled); temperature 0 is greedy. ``token_ids``
     are the sampled ids up to and including the end-of-turn token, ``logprobs`` their log-probs
-    under the sampling distribution (float32).
+    under the model's distribution at the sampling temperature (float32; before top-p
+    truncation, the distribution a training forward pass scores).
 
     Args:
         model_path: a transformers folder or hub name (``agentgym.models.model_path()`` gives
@@ -508,6 +510,8 @@ class TransformersPolicy(Policy):
         )
         if seed is not None:
             torch.manual_seed(seed)
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self.batch_sizes: list[int] = []
         """size of every batch the worker ran (for measuring how well requests gathered)"""
         self._queue: queue.Queue[_Job | None] = queue.Queue()
@@ -645,6 +649,7 @@ class TransformersPolicy(Policy):
         self, batch: list[list[int]], params: SamplingParams
     ) -> list[tuple[list[int], list[float]]]:
         import torch
+        from transformers import LogitsProcessorList
 
         width = max(len(ids) for ids in batch)
         input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
@@ -663,22 +668,21 @@ class TransformersPolicy(Policy):
                 "top_k": 0,
             }
         )
+        recorder = _SampledLogprobs(1.0 if greedy else params.temperature)
         with torch.inference_mode():
-            out = self.model.generate(
+            sequences = self.model.generate(
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention.to(self.device),
                 max_new_tokens=params.max_tokens,
                 pad_token_id=self.pad_id,
                 eos_token_id=self.eos_ids,
                 repetition_penalty=1.0,
-                output_scores=True,
-                return_dict_in_generate=True,
+                logits_processor=LogitsProcessorList([recorder]),
                 **sampling,
             )
-        new = out.sequences[:, width:].cpu()  # (B, T_new)
-        # scores[t]: (B, V) logits after temperature/top-p, i.e. the distribution sampled from
-        scores = torch.stack(out.scores, dim=1).float().cpu()  # (B, T_new, V)
-        logp = torch.log_softmax(scores, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        new = sequences[:, width:]  # (B, T_new)
+        logp = recorder.finish(new).cpu()  # (B, T_new)
+        new = new.cpu()
         results = []
         for row in range(len(batch)):
             ids = new[row].tolist()
@@ -699,7 +703,8 @@ class TransformersPolicy(Policy):
             # The prompt once; its cache is repeated for every action (they share it).
             first = self.model(torch.tensor([prompt], device=self.device), use_cache=True)
             last = torch.log_softmax(first.logits[0, -1].float(), dim=-1)  # (V,)
-            cache = first.past_key_values
+            # transformers 5 names the KV cache `cache`; 4.x `past_key_values`
+            cache = getattr(first, "cache", None) or first.past_key_values
             cache.batch_repeat_interleave(len(actions))
             width = max(len(a) for a in actions)
             # Right padding: causal attention keeps pads after an action from touching it.
@@ -709,7 +714,7 @@ class TransformersPolicy(Policy):
             mask = torch.ones(
                 (len(actions), len(prompt) + width), dtype=torch.long, device=self.device
             )
-            out = self.model(ids.to(self.device), past_key_values=cache, attention_mask=mask)
+            out = self.model(ids.to(self.device), attention_mask=mask, **{self._cache_arg: cache})
             logp = torch.log_softmax(out.logits.float(), dim=-1).cpu()  # (A, W, V)
         scores = []
         for row, a in enumerate(actions):
@@ -718,6 +723,44 @@ class TransformersPolicy(Policy):
                 total += float(logp[row, j - 1, a[j]])
             scores.append((total, len(a)))
         return scores
+
+
+class _SampledLogprobs:
+    """A logits processor recording log p(sampled token) one (B, V) step at a time.
+
+    ``generate`` calls it with each step's logits before sampling (custom processors run before
+    the temperature/top-p warpers); the token drawn is the last column of ``input_ids`` at the
+    next call, or of the output after the last. Keeping one step costs O(B * V) memory, where
+    ``output_scores=True`` would keep O(B * T * V). The log-probs are those of the full
+    distribution at the sampling temperature (top-p truncation not applied).
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.previous: Any = None  # (B, V) log-softmax of the last step
+        self.steps: list[Any] = []  # (B,) per generated token
+
+    def _take(self, tokens: Any) -> None:
+        if self.previous is not None:
+            self.steps.append(self.previous.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
+            self.previous = None
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        self._take(input_ids[:, -1])
+        self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, new_tokens: Any) -> Any:
+        """(B, T_new) log-probs of ``new_tokens``, the generated part of the sequences."""
+        import torch
+
+        if new_tokens.shape[1]:
+            self._take(new_tokens[:, -1])
+        if not self.steps:
+            return torch.zeros(new_tokens.shape, dtype=torch.float32)
+        return torch.stack(self.steps, dim=1)
 
 
 def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

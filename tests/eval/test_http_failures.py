@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -75,9 +79,12 @@ def test_retry_recovers_from_a_busy_answer(faulty_server):
 def test_a_strict_server_gets_the_request_without_vllm_fields(faulty_server):
     base, _ = faulty_server
     policy = OpenAIChatPolicy(f"{base}/strict", retries=0, model="faulty")
-    outs = [
-        asyncio.run(policy.act([{"role": "user", "content": "hi"}], SamplingParams())) for _ in "ab"
-    ]
+
+    async def two_at_once():  # both sent with the field before either learns it is refused
+        msgs = [{"role": "user", "content": "hi"}]
+        return await asyncio.gather(*(policy.act(msgs, SamplingParams()) for _ in "ab"))
+
+    outs = asyncio.run(two_at_once())
     assert [o.error for o in outs] == [None, None]
     assert policy._token_ids_field is False  # dropped once, not retried on every turn
 
@@ -131,3 +138,46 @@ def test_cli_bad_input_is_a_clear_error(tmp_path, capsys):
         main(["eval", "Corridor-v0", "--base-url", "http://x", "--top-p", "0"])
     with pytest.raises(SystemExit):  # one model source, not two
         main(["eval", "Corridor-v0", "--base-url", "http://x", "--model", "m"])
+
+
+def test_ctrl_c_writes_what_has_finished(faulty_server, tmp_path):
+    base, _ = faulty_server
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentgym.cli",
+            "eval",
+            "Corridor-v0",
+            "--base-url",
+            f"{base}/ok",
+            "--tasks",
+            "200",
+            "--concurrency",
+            "1",
+            "--max-turns",
+            "3",
+            "--out-dir",
+            str(tmp_path),
+            "--quiet",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    jsonl = tmp_path / "trajectories.jsonl"
+    deadline = time.monotonic() + 120
+    while not (jsonl.is_file() and jsonl.read_text().count("\n") >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            proc.stderr.read() if proc.poll() else "slow"
+        )
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    results = json.loads((tmp_path / "results.json").read_text())
+    lines = jsonl.read_text().splitlines()
+    assert results["complete"] is False
+    assert 2 <= results["episodes_finished"] == len(lines) < 200
+    assert results["envs"]["AgentGym/Corridor-v0"]["episodes"] == len(lines)
+    assert "interrupted" in err
