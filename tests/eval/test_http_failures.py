@@ -181,3 +181,38 @@ def test_ctrl_c_writes_what_has_finished(faulty_server, tmp_path):
     assert 2 <= results["episodes_finished"] == len(lines) < 200
     assert results["envs"]["AgentGym/Corridor-v0"]["episodes"] == len(lines)
     assert "interrupted" in err
+
+
+def test_cli_skips_an_env_it_cannot_build_and_runs_the_others(
+    faulty_server, tmp_path, monkeypatch, capsys
+):
+    base, _ = faulty_server
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "no-data-here"))
+    code = main(
+        [
+            "eval",
+            "ALFWorld-v0",
+            "Corridor-v0",
+            "--base-url",
+            f"{base}/ok",
+            "--tasks",
+            "1",
+            "--max-turns",
+            "2",
+            "--out-dir",
+            str(tmp_path / "out"),
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert list(results["skipped"]) == ["AgentGym/ALFWorld-v0"]
+    assert list(results["envs"]) == ["AgentGym/Corridor-v0"]
+    assert results["envs"]["AgentGym/Corridor-v0"]["policy_errors"] == {}
+    (row,) = [
+        json.loads(x) for x in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
+    ]
+    # the ok server answers "<think>go</think><action>red</action>": parsed, handed to the env
+    assert [t["action"] for t in row["turns"]] == ["red"] * len(row["turns"])
+    assert all(t["parse_error"] is None for t in row["turns"])
+    assert "skipping AgentGym/ALFWorld-v0" in capsys.readouterr().err
