@@ -244,7 +244,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     results: dict[str, Any] = {
         "settings": {
-            **{k: v for k, v in vars(args).items() if k != "func"},
+            # never the API key: results files get shared
+            **{k: v for k, v in vars(args).items() if k not in ("func", "api_key")},
             "policy_info": policy.describe(),
             "sampling": vars(params) if hasattr(params, "__dict__") else str(params),
         },

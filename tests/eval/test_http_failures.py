@@ -91,30 +91,11 @@ def test_a_strict_server_gets_the_request_without_vllm_fields(faulty_server):
 
 def test_cli_against_a_500_server_completes_and_counts(faulty_server, tmp_path, capsys):
     base, _ = faulty_server
-    code = main(
-        [
-            "eval",
-            "Corridor-v0",
-            "--base-url",
-            f"{base}/500",
-            "--served-model",
-            "faulty",
-            "--tasks",
-            "1",
-            "--group-size",
-            "2",
-            "--max-turns",
-            "3",
-            "--timeout",
-            "2",
-            "--retries",
-            "0",
-            "--out-dir",
-            str(tmp_path),
-            "--quiet",
-        ]
-    )
+    argv = f"eval Corridor-v0 --base-url {base}/500 --served-model faulty --tasks 1"
+    argv += " --group-size 2 --max-turns 3 --timeout 2 --retries 0 --quiet --api-key sk-secret-1"
+    code = main([*argv.split(), "--out-dir", str(tmp_path)])
     assert code == 0
+    assert "sk-secret-1" not in (tmp_path / "results.json").read_text()
     results = json.loads((tmp_path / "results.json").read_text())
     env = results["envs"]["AgentGym/Corridor-v0"]
     assert results["complete"] and results["episodes_finished"] == 2
