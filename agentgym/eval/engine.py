@@ -269,7 +269,9 @@ class RolloutEngine:
         env_threads: threads for env resets and steps.
         make_env: ``make_env(spec) -> env`` building the LLM-wrapped env (default:
             :func:`~agentgym.wrappers.llm.make_llm_env` of ``spec.env_id``, in the plain action
-            format for policies that answer with actions).
+            format for policies that answer with actions). Envs are reused by later episodes
+            of the same ``env_id`` and ``env_kwargs`` (reset in between), so what ``make_env``
+            builds should depend on those only.
         on_episode: called with each finished :class:`EpisodeRecord`, as it finishes.
     """
 

@@ -353,6 +353,11 @@ def _chat_logprobs(block: Any) -> tuple[list[int] | None, list[float] | None]:
     return ids, logprobs
 
 
+def _client_error(error: str | None) -> bool:
+    """Whether a request failed with a 4xx answer other than 429 (the server refuses it)."""
+    return bool(error) and error.startswith("HTTP 4") and not error.startswith("HTTP 429")
+
+
 class OpenAICompletionsScorer:
     """Log-likelihood of candidate continuations from a server's prompt log-probs.
 
@@ -381,6 +386,7 @@ class OpenAICompletionsScorer:
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
         # The end-of-turn token closes each candidate, as in the local scorer.
         self.end_text = self.tokenizer.eos_token or ""
+        self._list_prompts = True
 
     async def score(
         self, messages: Messages, actions: Sequence[str]
@@ -390,20 +396,48 @@ class OpenAICompletionsScorer:
             messages, tokenize=False, add_generation_prompt=True
         )
         prompts = [prefix + a + self.end_text for a in actions]
-        body = {
-            "model": await self.http.model_name(),
-            "prompt": prompts,
-            "max_tokens": 1,
-            "echo": True,
-            "logprobs": 1,
-            "temperature": 0,
-        }
-        data, error, kind, _ = await self.http.post("/completions", body)
-        if data is None:
-            return None, error, kind
+        model = await self.http.model_name()
+
+        def body(prompt: str | list[str]) -> dict[str, Any]:
+            return {
+                "model": model,
+                "prompt": prompt,
+                "max_tokens": 1,
+                "echo": True,
+                "logprobs": 1,
+                "temperature": 0,
+            }
+
+        choices: list[Any] | None = None
+        if self._list_prompts:  # all candidates in one request, where the server takes a list
+            data, error, kind, _ = await self.http.post("/completions", body(prompts))
+            if data is None and not _client_error(error):
+                return None, error, kind
+            if data is None:
+                self._list_prompts = False  # refused: one request per candidate from now on
+            else:
+                choices = data.get("choices")
+        if choices is None:
+            replies = await asyncio.gather(
+                *(self.http.post("/completions", body(p)) for p in prompts)
+            )
+            choices = []
+            for index, (data, error, kind, _) in enumerate(replies):
+                if data is None and _client_error(error):
+                    raise PolicyUnavailable(
+                        f"{error}; scoring admissible actions over HTTP needs /v1/completions "
+                        "with echo=true and logprobs (vLLM serves it); use --model PATH for a "
+                        "local model, or --policy free"
+                    )
+                if data is None:
+                    return None, error, kind
+                try:
+                    choices.append({**data["choices"][0], "index": index})
+                except (KeyError, IndexError, TypeError):
+                    return None, f"unreadable /completions reply: {str(data)[:120]}", "bad_response"
         out: list[tuple[float, int] | None] = [None] * len(prompts)
         try:
-            for i, choice in enumerate(data["choices"]):
+            for i, choice in enumerate(choices):
                 index = int(choice.get("index", i))
                 lp = choice.get("logprobs") or {}
                 offsets, values = lp.get("text_offset"), lp.get("token_logprobs")

@@ -72,7 +72,6 @@ def format_table(env_id: str, summary: dict[str, Any]) -> str:
         f"{env_id}: {summary['episodes']} episodes over {summary['tasks']} tasks",
         f"  {'success':<22}{summary['success']:.3f}",
         f"  {'pass@1':<22}{summary['pass@1']:.3f}",
-        f"  {'pass@' + str(summary['k']):<22}{summary['pass@k']:.3f}",
         f"  {'mean return':<22}{summary['mean_return']:.3f}",
         f"  {'invalid-action rate':<22}{summary['invalid_action_rate']:.3f}",
         f"  {'turns / episode':<22}{summary['turns']:.2f}",
@@ -82,6 +81,8 @@ def format_table(env_id: str, summary: dict[str, Any]) -> str:
         f"  {'ended':<22}"
         + ", ".join(f"{k} {v}" for k, v in sorted(summary["end_reasons"].items())),
     ]
+    if summary["k"] > 1:  # with one episode per task pass@k is pass@1
+        lines.insert(4, f"  {'pass@' + str(summary['k']):<22}{summary['pass@k']:.3f}")
     for kind, rates in (summary.get("by_task_type") or {}).items():
         lines.append(
             f"  task type {kind:<30} success {rates['success']:.3f}  "
