@@ -46,6 +46,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -53,6 +63,13 @@ def _non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("expected seconds > 0")
     return value
 
 
@@ -354,12 +371,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--max-turns", type=_positive_int, default=None, help="turns per episode (the env's cap)"
     )
     p.add_argument("--concurrency", type=_positive_int, default=8, help="requests in flight (8)")
-    p.add_argument("--history-length", type=int, default=2, help="past steps in each prompt (2)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--timeout", type=_non_negative_float, default=120.0, help="seconds per request (120)"
+        "--history-length", type=_non_negative_int, default=2, help="past steps in each prompt (2)"
     )
-    p.add_argument("--retries", type=int, default=2, help="retries per request (2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=_seconds, default=120.0, help="seconds per request (120)")
+    p.add_argument("--retries", type=_non_negative_int, default=2, help="retries per request (2)")
     p.add_argument("--device", default="auto", help="with --model: auto, cpu, cuda:0 ...")
     p.add_argument("--policy-version", default="0", help="recorded on every turn")
     p.add_argument(
