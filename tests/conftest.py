@@ -141,3 +141,15 @@ def make(request, monkeypatch):
             raise
 
     return _make
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The real SmolLM2-135M-Instruct as a transformers folder (converted once, cached); skips
+    the test, naming the install command, when its package is absent."""
+    from agentgym.models import ModelNotAvailable, model_path
+
+    try:
+        return model_path("smollm2-135m")
+    except ModelNotAvailable as exc:
+        pytest.skip(str(exc))
