@@ -1,10 +1,12 @@
-"""The ``agentgym`` command: list, play, rollout, bench, retrieval, serve.
+"""The ``agentgym`` command: list, play, rollout, bench, eval, models, retrieval, serve.
 
 agentgym list                       ids, family, whether their packages and data are here
 agentgym play AgentGym/Sokoban-v0   play in the terminal
 agentgym rollout                    random-policy group rollout over every family (the main job)
 agentgym rollout AgentGym/Sokoban-v0 --groups 16 --group-size 8
 agentgym bench AgentGym/Sokoban-v0 --steps 20000 --json out.json
+agentgym eval AgentGym/Sokoban-v0 --model smollm2-135m              a language model on an env
+agentgym models get smollm2-135m                                     the suite's real test model
 agentgym retrieval index --corpus wiki.jsonl --kind bm25 --out idx   build a search index
 agentgym retrieval serve --index idx --port 8000                     serve it over HTTP
 agentgym serve AgentGym/Sokoban-v0 --port 8000                       an env over OpenEnv's protocol
@@ -412,6 +414,8 @@ _DESCRIPTION = """text environments for training LLM agents with reinforcement l
   agentgym rollout                     random-policy group rollout over every family
   agentgym rollout Sokoban-v0 --groups 16 --group-size 8
   agentgym bench Sokoban-v0 --steps 20000 --json out.json
+  agentgym eval Sokoban-v0 --model smollm2-135m      a language model on an env (or --base-url)
+  agentgym models get smollm2-135m                   the suite's real test model, as a folder
   agentgym retrieval index --corpus wiki.jsonl --kind bm25 --out idx   build a search index
   agentgym retrieval serve --index idx --port 8000                     serve it over HTTP
   agentgym serve Sokoban-v0 --port 8000                 an env over OpenEnv's protocol
@@ -436,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"agentgym {agentgym.__version__}")
     # not required=True: argparse would then report a missing command before an unknown flag
-    sub = p.add_subparsers(dest="command", metavar="{list,play,rollout,bench,retrieval,serve}")
+    sub = p.add_subparsers(dest="command", metavar="{list,play,rollout,bench,eval,models,retrieval,serve}")
 
     sub.add_parser("list", help="registered ids, their family, packages and data").set_defaults(
         func=cmd_list
@@ -513,6 +517,9 @@ def build_parser() -> argparse.ArgumentParser:
     from agentgym.integrations.openenv_cli import add_parser as add_serve_parser
 
     add_serve_parser(sub)
+    from agentgym.eval.cli import add_parser as add_eval_parser  # `agentgym eval`, `models`
+
+    add_eval_parser(sub)
     return p
 
 
