@@ -40,11 +40,11 @@ from pathlib import Path
 
 import numpy as np
 
-# The reference trainer is not installed with the package: run from a clone, import it from there.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from agentgym.algorithms.advantage import compute_advantage, encode_state_keys
 
-from trainers.gigpo.advantage import compute_advantage, encode_state_keys  # noqa: E402
-from trainers.gigpo.advantage_reference import reference_advantage  # noqa: E402
+# The loop reference lives with the estimators' tests (tests/algorithms/advantage_reference.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "algorithms"))
+from advantage_reference import reference_advantage  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "advantage.json"
 

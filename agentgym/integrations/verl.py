@@ -52,7 +52,7 @@ from uuid import uuid4
 
 import numpy as np
 
-from agentgym.algorithms.advantage import AdvantageConfig, compute_advantage
+from agentgym.algorithms.advantage import advantage_estimator, compute_advantage
 from agentgym.extras import missing_extra
 from agentgym.integrations.chat import EPISODE, MODES, PER_TURN, ChatTurns
 from agentgym.wrappers.llm import make_llm_env
@@ -775,7 +775,13 @@ def compute_gigpo_advantage(
     if norm_adv_by_std_in_grpo is None:
         norm_adv_by_std_in_grpo = bool(_option_attr(config, "norm_adv_by_std_in_grpo", True))
     norm = _option(config, "norm", "mean_std_norm" if norm_adv_by_std_in_grpo else "mean_norm")
-    defaults = AdvantageConfig()
+    # The options this estimator takes (grpo has no omega), from the gigpo section or defaults.
+    spec = advantage_estimator(estimator)
+    defaults = spec.options()
+    options: dict[str, Any] = {"gamma": gamma, "norm": norm}
+    for key, cast in (("omega", float), ("invalid_penalty", float), ("episode_stats_over", str)):
+        if key in spec.option_names():
+            options[key] = cast(_option(config, key, getattr(defaults, key)))
 
     # Flat turn rows, row-major (C-level chains; no Python loop over turns).
     turns = np.fromiter(map(len, spans_per_row), np.int64, count=bs)
@@ -803,11 +809,7 @@ def compute_gigpo_advantage(
         rewards=rewards,
         state_keys=keys,
         invalid=~valid,
-        gamma=gamma,
-        omega=float(_option(config, "omega", defaults.omega)),
-        norm=norm,
-        invalid_penalty=float(_option(config, "invalid_penalty", defaults.invalid_penalty)),
-        episode_stats_over=_option(config, "episode_stats_over", defaults.episode_stats_over),
+        **options,
     )
 
     # Broadcast turn values to their spans, touching span tokens only: the flat positions of all
