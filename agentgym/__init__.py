@@ -26,6 +26,7 @@ from agentgym.core import (
     TextEnv,
 )
 from agentgym.envs import ENTRIES, EnvEntry, entry
+from agentgym.family import register_family
 from agentgym.vector import GroupVectorEnv, Step, Trajectory, vector_entry_point
 
 __version__ = "0.1.0"
@@ -41,6 +42,7 @@ __all__ = [
     "EnvEntry",
     "entry",
     "env_ids",
+    "register",
     "register_envs",
     "GroupVectorEnv",
     "Trajectory",
@@ -58,6 +60,8 @@ def register_envs() -> None:
     adapters) sets another, longer or shorter.
     """
     for e in ENTRIES:
+        # the family's FAMILY spec (prompt, judge, trainer defaults) sits beside its entry point
+        register_family(e.family, e.entry_point.split(":")[0])
         if e.id in gym.registry:
             continue
         gym.register(
@@ -75,6 +79,19 @@ def register_envs() -> None:
             # gym.make(id, disable_env_checker=False) still turns it on.
             disable_env_checker=True,
         )
+
+
+def register(entry: EnvEntry) -> None:
+    """Add one env id to :data:`ENTRIES` and to gymnasium: the registration line of a new family
+    (or variant), e.g. ``agentgym.register(EnvEntry("Mine/Toy-v0", "mypkg.toy:ToyEnv", "toy"))``.
+
+    Raises:
+        ValueError: another entry already holds that id.
+    """
+    if any(e.id == entry.id for e in ENTRIES):
+        raise ValueError(f"{entry.id} is already registered; give the new entry another id")
+    ENTRIES.append(entry)
+    register_envs()
 
 
 def env_ids(available_only: bool = False) -> list[str]:

@@ -1,10 +1,12 @@
-"""The ``agentgym`` command: list, play, rollout, bench, retrieval, serve.
+"""The ``agentgym`` command: list, play, rollout, bench, eval, models, retrieval, serve.
 
 agentgym list                       ids, family, whether their packages and data are here
 agentgym play AgentGym/Sokoban-v0   play in the terminal
 agentgym rollout                    random-policy group rollout over every family (the main job)
 agentgym rollout AgentGym/Sokoban-v0 --groups 16 --group-size 8
 agentgym bench AgentGym/Sokoban-v0 --steps 20000 --json out.json
+agentgym eval AgentGym/Sokoban-v0 --model smollm2-135m              a language model on an env
+agentgym models get smollm2-135m                                     the suite's real test model
 agentgym retrieval index --corpus wiki.jsonl --kind bm25 --out idx   build a search index
 agentgym retrieval serve --index idx --port 8000                     serve it over HTTP
 agentgym serve AgentGym/Sokoban-v0 --port 8000                       an env over OpenEnv's protocol
@@ -13,37 +15,19 @@ agentgym serve AgentGym/Sokoban-v0 --port 8000                       an env over
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 import agentgym
+from agentgym.cli_args import int_at_least, resolve_env_id
 from agentgym.envs import ENTRIES, install_hint
-
-
-def int_at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: a whole number >= ``low``, checked before any work starts."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected a whole number >= {low}, got {text!r}"
-            ) from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return parse
-
+from agentgym.io import atomic_write_json
 
 _positive_int = int_at_least(1)
 
@@ -62,14 +46,6 @@ def _writable_file(text: str) -> str:
     return text
 
 
-def _write_json(path: str, payload: dict[str, Any]) -> None:
-    """Write JSON atomically: a temporary file in the same folder, then a rename."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
-    os.replace(tmp, path)
-
-
 def _make_env(env_id: str) -> gym.Env:
     """gym.make, turning missing data or packages into one line for the user, not a traceback."""
     try:
@@ -84,16 +60,6 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
     line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths, strict=True)).rstrip()  # noqa: E731
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
-
-
-def _resolve(env_id: str) -> str:
-    """Accept ``Sokoban-v0`` or a full id; exit with the known ids on a typo."""
-    ids = [e.id for e in ENTRIES]
-    if env_id in ids:
-        return env_id
-    if f"AgentGym/{env_id}" in ids:
-        return f"AgentGym/{env_id}"
-    sys.exit(f"agentgym: unknown env id {env_id!r}. Registered ids:\n  " + "\n  ".join(ids))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -134,7 +100,7 @@ def cmd_play(args: argparse.Namespace) -> int:
         import readline  # noqa: F401
     except ImportError:
         pass
-    env_id = _resolve(args.env_id)
+    env_id = resolve_env_id(args.env_id)
     # some ids load data or build indexes for seconds: say so before the wait
     print(f"loading {env_id} ...", file=sys.stderr, flush=True)
     env = _make_env(env_id)
@@ -214,7 +180,7 @@ def cmd_play(args: argparse.Namespace) -> int:
 
 def _rollout_ids(requested: list[str], include_real: bool) -> tuple[list[str], list[str]]:
     if requested and requested != ["all"]:
-        return [_resolve(i) for i in requested], []
+        return [resolve_env_id(i) for i in requested], []
     ids, skipped = [], []
     for e in ENTRIES:
         if not e.available():
@@ -330,7 +296,12 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         if s not in reported:
             print(f"FAILED {s}", file=sys.stderr)
     if args.json:
-        _write_json(args.json, {"reports": reports, "skipped": skipped, "failed": failed})
+        atomic_write_json(
+            args.json,
+            {"reports": reports, "skipped": skipped, "failed": failed},
+            indent=2,
+            default=str,
+        )
     return 1 if failed else 0
 
 
@@ -342,7 +313,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """
     from tqdm import tqdm
 
-    env_id = _resolve(args.env_id)
+    env_id = resolve_env_id(args.env_id)
     env = _make_env(env_id)
     env = env.unwrapped  # time the env, not gymnasium's checker wrappers
     rng = np.random.default_rng(args.seed)
@@ -399,7 +370,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         f"reset {result['reset_seconds_median'] * 1e3:.2f} ms (medians); random admissible actions"
     )
     if args.json:
-        _write_json(args.json, result)
+        atomic_write_json(args.json, result, indent=2, default=str)
     return 0
 
 
@@ -412,6 +383,8 @@ _DESCRIPTION = """text environments for training LLM agents with reinforcement l
   agentgym rollout                     random-policy group rollout over every family
   agentgym rollout Sokoban-v0 --groups 16 --group-size 8
   agentgym bench Sokoban-v0 --steps 20000 --json out.json
+  agentgym eval Sokoban-v0 --model smollm2-135m      a language model on an env (or --base-url)
+  agentgym models get smollm2-135m                   the suite's real test model, as a folder
   agentgym retrieval index --corpus wiki.jsonl --kind bm25 --out idx   build a search index
   agentgym retrieval serve --index idx --port 8000                     serve it over HTTP
   agentgym serve Sokoban-v0 --port 8000                 an env over OpenEnv's protocol
@@ -436,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"agentgym {agentgym.__version__}")
     # not required=True: argparse would then report a missing command before an unknown flag
-    sub = p.add_subparsers(dest="command", metavar="{list,play,rollout,bench,retrieval,serve}")
+    sub = p.add_subparsers(dest="command", metavar="{list,play,rollout,bench,eval,models,retrieval,serve}")
 
     sub.add_parser("list", help="registered ids, their family, packages and data").set_defaults(
         func=cmd_list
@@ -513,6 +486,9 @@ def build_parser() -> argparse.ArgumentParser:
     from agentgym.integrations.openenv_cli import add_parser as add_serve_parser
 
     add_serve_parser(sub)
+    from agentgym.eval.cli import add_parser as add_eval_parser  # `agentgym eval`, `models`
+
+    add_eval_parser(sub)
     return p
 
 

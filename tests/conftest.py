@@ -94,12 +94,17 @@ def searchqa_real_data(searchqa_files, monkeypatch) -> Path:
     return searchqa_files / "test.parquet"
 
 
-#: family -> (fixture giving a real data root, the env variable the family reads it from)
-REAL_DATA = {
-    "alfworld": ("alfworld_real_root", "ALFWORLD_DATA"),
-    "searchqa": ("searchqa_real_data", "SEARCHQA_DATA"),
-    "webshop": ("webshop_real_data", "WEBSHOP_DATA"),
-}
+@pytest.fixture
+def alfworld_real_data(alfworld_real_root) -> Path:
+    """``$ALFWORLD_DATA`` for ``AgentGym/ALFWorld-v0``."""
+    return alfworld_real_root
+
+
+def real_data_fixture(family: str) -> str:
+    """The fixture that gives a family's real data: ``<family>_real_data`` by convention. The
+    variable it is set in is the family's own ``FAMILY.data_env_var``; a family with no such
+    fixture plays the data that variable already points to, or is skipped."""
+    return f"{family}_real_data"
 
 
 @pytest.fixture
@@ -110,14 +115,24 @@ def make(request, monkeypatch):
     import gymnasium as gym
 
     import agentgym
+    from agentgym.family import family_spec
 
     def _make(env_id: str) -> gym.Env:
         e = agentgym.entry(env_id)
         if not e.available():
             pytest.skip(f"{env_id} needs {e.needs}")
-        if e.real_data and e.family in REAL_DATA:
-            fixture, variable = REAL_DATA[e.family]
-            monkeypatch.setenv(variable, str(request.getfixturevalue(fixture)))
+        spec = family_spec(e.family)
+        variable = spec.data_env_var if spec is not None else None
+        if e.real_data and variable is not None:
+            try:
+                root = request.getfixturevalue(real_data_fixture(e.family))
+            except pytest.FixtureLookupError:
+                root = os.environ.get(variable)  # no fixture: the data the machine points to
+                if root is None:
+                    pytest.skip(
+                        f"{env_id}: no {real_data_fixture(e.family)} fixture; ${variable} unset"
+                    )
+            monkeypatch.setenv(variable, str(root))
         try:
             return gym.make(env_id)
         except FileNotFoundError as exc:

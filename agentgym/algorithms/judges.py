@@ -20,7 +20,8 @@ says how much each round contributed to solving the task:
   and a reasoning-correctness verdict: :data:`CW_GRPO_TEMPLATES`), batched.
 
 :func:`rule_judge` gives the rule judge of an env family (``corridor``, ``sokoban``,
-``alfworld``, ``searchqa``). ``judge(trajectories)`` returns one float64 array per trajectory,
+``alfworld``, ``searchqa``): each family declares it in its package's ``FAMILY.rule_judge``
+(a :class:`~agentgym.family.JudgeSpec`) and :func:`build_judge` builds it. ``judge(trajectories)`` returns one float64 array per trajectory,
 shape (len(steps),); ``judge.score_last(trajectories)`` scores only each trajectory's last
 round (what a step-level rollout needs after every step); :func:`row_contributions` flattens
 ``judge(trajectories)`` in the trajectories' (trajectory, step) order.
@@ -29,19 +30,25 @@ round (what a step-level rollout needs after every step); :func:`row_contributio
 from __future__ import annotations
 
 import abc
+import importlib
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
+from agentgym.answers import normalize_answer
+from agentgym.family import FamilySpec, FamilyTable, JudgeSpec
+
 __all__ = [
     "CW_GRPO_TEMPLATES",
     "DEFAULT_JUDGE_TEMPLATE",
     "RULE_JUDGES",
+    "JUDGE_KINDS",
     "Judge",
     "LLMJudge",
     "ProgressJudge",
     "SearchQAJudge",
+    "build_judge",
     "row_contributions",
     "rule_judge",
 ]
@@ -175,8 +182,6 @@ class SearchQAJudge(Judge):
         self._golden = golden_answers or {}
 
     def score(self, trajectories: Sequence[_TrajectoryLike]) -> list[np.ndarray]:
-        from agentgym.envs.searchqa.qa import normalize_answer
-
         out = []
         for traj in trajectories:
             if all("retrieved_answer" in step.info or "f1" in step.info for step in traj.steps):
@@ -363,17 +368,45 @@ class LLMJudge(Judge):
         return self._product(self._yes_probability(prompts), len(trajectories))
 
 
-RULE_JUDGES: dict[str, Callable[[], Judge]] = {
-    "corridor": lambda: ProgressJudge("score"),
-    "sokoban": lambda: ProgressJudge("score"),
-    "alfworld": lambda: ProgressJudge(("goal_progress", "goal_facts_met"), since="previous"),
+#: The judges a family's :class:`~agentgym.family.JudgeSpec` may name by ``kind``.
+JUDGE_KINDS: dict[str, Callable[..., Judge]] = {
+    "progress": ProgressJudge,
     "searchqa": SearchQAJudge,
 }
-"""env family -> its rule judge: what the env knows about a round's contribution"""
+
+
+def build_judge(spec: JudgeSpec) -> Judge:
+    """The judge a :class:`~agentgym.family.JudgeSpec` describes: a :data:`JUDGE_KINDS` judge,
+    or the ``module:callable`` it names, called with ``spec.options``."""
+    make = JUDGE_KINDS.get(spec.kind)
+    if make is None:
+        module, sep, attr = spec.kind.partition(":")
+        if not sep:
+            raise ValueError(
+                f"unknown judge kind {spec.kind!r}; use one of {sorted(JUDGE_KINDS)} or a "
+                "'module:callable' that returns a Judge"
+            )
+        make = getattr(importlib.import_module(module), attr)
+    judge = make(**spec.options)
+    if not isinstance(judge, Judge):
+        raise TypeError(f"judge {spec.kind!r} gave {type(judge).__name__}, not a Judge")
+    return judge
+
+
+def _family_judge(name: str, spec: FamilySpec) -> Callable[[], Judge] | None:
+    judge = spec.rule_judge
+    return None if judge is None else (lambda: build_judge(judge))
+
+
+RULE_JUDGES: FamilyTable[Callable[[], Judge]] = FamilyTable(_family_judge)
+"""env family -> a factory of its rule judge, a view of what each family declares
+(``FAMILY.rule_judge`` in its package): what the env knows about a round's contribution.
+``RULE_JUDGES[family] = factory`` sets one for a family that declares none."""
 
 
 def rule_judge(family: str) -> Judge:
-    """The rule judge of an env family (``env.unwrapped.family``); see :data:`RULE_JUDGES`.
+    """The rule judge of an env family (``env.unwrapped.family``), as its package's
+    ``FAMILY.rule_judge`` describes it (see :data:`RULE_JUDGES`).
 
     Raises:
         ValueError: the family reports nothing a rule could score a round by (WebShop's score

@@ -1,9 +1,15 @@
 """The env registry: one :class:`EnvEntry` per registered id.
 
-Adding a family: create ``agentgym/envs/<family>/`` exposing the env class (and, if it
-loads real data, a ``data_status() -> str`` function), then add its lines to ``ENTRIES``.
-Nothing else needs to change: ``import agentgym`` registers every entry with gymnasium, and
-the CLI, the registry-wide tests and the main rollout job pick it up from here.
+Adding a family: create ``agentgym/envs/<family>/`` (or any package) whose ``__init__.py``
+exposes the env class (a :class:`agentgym.core.TextEnv` whose ``family`` is the folder's name),
+a ``data_status() -> str`` function if it loads real data, and ``FAMILY =``
+:class:`agentgym.family.FamilySpec` ``(...)``: its LLM prompt, its rule judge, its trainer
+defaults and its data variable. Then add its line to ``ENTRIES`` (or call
+``agentgym.register(EnvEntry(...))`` from outside the package). Nothing else needs to change:
+``import agentgym`` registers every entry with gymnasium, the LLM wrappers, the judges and the
+trainer's presets read the family's ``FAMILY``, and the CLI, the registry-wide tests and the
+main rollout job pick it up from here. A new optional dependency still needs its extra in
+``pyproject.toml`` (named by the entry's ``extra``).
 """
 
 from __future__ import annotations
@@ -12,22 +18,9 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-#: The name agentgym is published under on the package index (``agentgym`` there is an
-#: unrelated project); install hints name it.
-DISTRIBUTION = "agentgym-envs"
-
-
-def install_hint(extra: str) -> str:
-    """The command that installs an optional extra: what works today first (an editable
-    install in a clone; the distribution is not on the package index yet), then the index's."""
-    return (
-        f'pip install -e ".[{extra}]" in a clone of agentgym '
-        f'(once published: pip install "{DISTRIBUTION}[{extra}]")'
-    )
-
-
-class MissingExtra(ImportError):
-    """An env id needs optional packages that are not installed; the message names the extra."""
+# re-exported: the registry's errors and hints, defined where every subpackage can import them
+from agentgym.extras import DISTRIBUTION as DISTRIBUTION
+from agentgym.extras import MissingExtra, install_hint
 
 
 @dataclass(frozen=True)
@@ -37,7 +30,8 @@ class EnvEntry:
     entry_point: str
     """``module:Class`` of the env"""
     family: str
-    """family folder under ``agentgym/envs``"""
+    """family name: its folder under ``agentgym/envs``, the env class's ``family``; the
+    ``FAMILY`` spec is read from the entry point's package"""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """constructor arguments that make this id's variant"""
     data_status: str | None = None

@@ -51,12 +51,20 @@ import re
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, SupportsFloat, get_args
+from typing import Any, SupportsFloat, get_args
 
 import gymnasium as gym
 from gymnasium import spaces
 
 from agentgym.core import MAX_OBS_CHARS, TEXT_CHARSET, InvalidAction, coerce_action, describe_action
+from agentgym.family import (
+    HISTORY_INTRO,
+    ActionFormat,
+    FamilySpec,
+    FamilyTable,
+    PromptTemplate,
+    family_spec,
+)
 
 __all__ = [
     "ActionFormat",
@@ -65,6 +73,7 @@ __all__ = [
     "MAX_HISTORY_ACTION_CHARS",
     "PROMPT_TEMPLATES",
     "FAMILY_TEMPLATES",
+    "GENERIC_TEMPLATE",
     "ParsedAction",
     "ParseFailure",
     "PromptTemplate",
@@ -73,6 +82,7 @@ __all__ = [
     "ParseActions",
     "PromptRenderer",
     "make_llm_env",
+    "template_for_family",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -84,8 +94,6 @@ __all__ = [
 #: it wrote.
 MAX_HISTORY_ACTION_CHARS = 256
 
-ActionFormat = Literal["think_action", "search_answer", "plain"]
-"""the ``fmt=`` argument: how model text holds the action (rules in the module docstring)"""
 #: Output formats :func:`parse_action` understands.
 FORMATS: tuple[str, ...] = get_args(ActionFormat)
 
@@ -334,165 +342,48 @@ FORMAT_INSTRUCTIONS: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class PromptTemplate:
-    """How one family's prompts look.
-
-    ``first`` is used before any step has been taken (or when ``history_length`` is 0), ``later``
-    afterwards. Both are :meth:`str.format` strings over these fields:
-
-    ``{task_line}``        ``task_prefix + task + "\\n"``, or "" without a task
-    ``{task}``             the task text ("" without one)
-    ``{observation}``      the current env observation
-    ``{admissible_line}``  ``admissible_line`` filled with the listed actions, or "" when the env
-                           gives none
-    ``{step_count}``       steps taken so far; ``{current_step}`` is ``step_count + 1``
-    ``{history_length}``   how many past steps ``{history}`` shows
-    ``{history}``          the recent steps, one per line (see ``history_style``)
-    ``{instruction}``      the output-format instruction for the parser's format
-    """
-
-    first: str
-    later: str
-    task_prefix: str = "Your task is: "
-    admissible_line: str = "Your admissible actions of the current situation are: [{actions}].\n"
-    admissible_style: str = "quoted_lines"
-    """``quoted_lines`` (verl-agent ALFWorld: ``'a'\\n 'b'``, ``help`` dropped), ``json``
-    (Sokoban: ``"a", "b"``) or ``quoted_commas`` (WebShop: ``'a',\\n'b',``)"""
-    default_admissible: tuple[str, ...] | None = None
-    """listed when the env gives no admissible actions (Sokoban's four moves)"""
-    history_style: str = "pairs"
-    """``pairs``: ``[Observation n: '...', Action n: '...']`` lines (verl-agent's memory);
-    ``search``: each query with the results it returned, in ``<search>``/``<information>`` tags"""
-    instructions: tuple[tuple[str, str], ...] = ()
-    """(format, instruction) overrides of :data:`FORMAT_INSTRUCTIONS` for this family"""
-    default_fmt: ActionFormat = "think_action"
-    """the action format this family's prompts ask for"""
-    task_from_observation: bool = False
-    """use the first observation as the task when the env's info names none (QA questions)"""
-
-
-_HISTORY_INTRO = (
-    "Prior to this step, you have already taken {step_count} step(s). Below are the most recent "
-    "{history_length} observations and the corresponding actions you took:\n{history}\n"
-    "You are now at step {current_step} and your current observation is: {observation}\n"
+#: What a family without a prompt of its own is rendered with.
+GENERIC_TEMPLATE = PromptTemplate(
+    first=(
+        "You are an expert agent operating in a text-based environment.\n"
+        "{task_line}Your current observation is: {observation}\n{admissible_line}\n"
+        "{instruction}\n"
+    ),
+    later=(
+        "You are an expert agent operating in a text-based environment.\n"
+        "{task_line}" + HISTORY_INTRO + "{admissible_line}\n{instruction}\n"
+    ),
 )
 
-_SOKOBAN_RULES = (
-    "You are an expert agent operating in the Sokoban environment.\n\n"
-    "# Symbols and Their Meaning\n"
-    "- Walls (`#`): These block movement. You can't move through or push anything into walls.\n"
-    "- Floor (`_`): Open spaces where you can walk and move boxes.\n"
-    "- Targets (`O`): The spots where boxes need to go.\n"
-    "- Boxes (`X`): These are what you need to push onto the targets.\n"
-    "- Player (`P`): That's you! You'll move around the grid to push boxes.\n"
-    "- Box on Target (`\u221a`): A box successfully placed on a target.\n"
-    "- Player on Target (`S`): You standing on a target.\n\n"
-    "# Your Goal\n"
-    "Your goal is to push all the boxes (`X`) onto the target spots (`O`). Once all boxes are "
-    "on the targets, you win!\n\n"
-    "# Rules\n"
-    "You can only push boxes. You can't pull them, so plan ahead to avoid getting stuck.\n"
-    "You can't walk through or push boxes into walls (`#`).\n"
-    "To avoid traps, do not push boxes into corners or against walls where they can't be moved "
-    "again.\n\n"
-    "# Current Step\n"
+# Template names kept from before each family declared its own: the QA family's was "search".
+_TEMPLATE_ALIASES = {"search": "searchqa"}
+
+
+def _family_prompt(name: str, spec: FamilySpec) -> PromptTemplate | None:
+    return spec.prompt
+
+
+def _family_template_name(name: str, spec: FamilySpec) -> str | None:
+    return name if spec.prompt is not None else None
+
+
+#: Prompt templates by name, a view: ``"generic"``, then each registered family's own
+#: (``FAMILY.prompt`` in its package, under the family's name; ``"search"`` is the search-QA
+#: family's too). :class:`PromptRenderer` and :func:`render_prompt` accept a name or a
+#: :class:`PromptTemplate`; ``PROMPT_TEMPLATES[name] = template`` adds a selectable one.
+PROMPT_TEMPLATES: FamilyTable[PromptTemplate] = FamilyTable(
+    _family_prompt, {"generic": GENERIC_TEMPLATE}, aliases=_TEMPLATE_ALIASES
 )
 
-#: Prompt templates by name; :class:`PromptRenderer` and :func:`render_prompt` accept a name
-#: or a :class:`PromptTemplate`. Add a family's template here (and its family name to
-#: :data:`FAMILY_TEMPLATES`) to make it selectable.
-PROMPT_TEMPLATES: dict[str, PromptTemplate] = {
-    "generic": PromptTemplate(
-        first=(
-            "You are an expert agent operating in a text-based environment.\n"
-            "{task_line}Your current observation is: {observation}\n{admissible_line}\n"
-            "{instruction}\n"
-        ),
-        later=(
-            "You are an expert agent operating in a text-based environment.\n"
-            "{task_line}" + _HISTORY_INTRO + "{admissible_line}\n{instruction}\n"
-        ),
-    ),
-    "alfworld": PromptTemplate(
-        first=(
-            "You are an expert agent operating in the ALFRED Embodied Environment.\n"
-            "{task_line}Your current observation is: {observation}\n{admissible_line}\n"
-            "{instruction}\n"
-        ),
-        later=(
-            "You are an expert agent operating in the ALFRED Embodied Environment.\n"
-            "{task_line}" + _HISTORY_INTRO + "{admissible_line}\n{instruction}\n"
-        ),
-        task_prefix="Your task is to: ",
-    ),
-    "sokoban": PromptTemplate(
-        first=_SOKOBAN_RULES
-        + "Your current observation is:\n{observation}\n{admissible_line}\n{instruction}\n",
-        later=_SOKOBAN_RULES
-        + (
-            "Prior to this step, you have already taken {step_count} step(s). Below are the most "
-            "recent {history_length} observations and the corresponding actions you took:\n"
-            "{history}\nYou are now at step {current_step} and your current observation is:\n"
-            "{observation}\n{admissible_line}\n{instruction}\n"
-        ),
-        admissible_line="Your admissible actions are [{actions}].\n",
-        admissible_style="json",
-        default_admissible=("up", "down", "left", "right"),
-        instructions=(
-            (
-                "think_action",
-                "Now it's your turn to make a move (choose ONE action only for the current "
-                "step).\nYou should first reason step-by-step about the current situation - "
-                "observe the positions of boxes and targets, plan a path to push a box toward a "
-                "target, and avoid traps like corners or walls. This reasoning process MUST be "
-                "enclosed within <think> </think> tags.\nOnce you've finished your reasoning, you "
-                "should choose an admissible action for current step and present it within "
-                "<action> </action> tags.",
-            ),
-        ),
-    ),
-    "webshop": PromptTemplate(
-        first=(
-            "You are an expert autonomous agent operating in the WebShop e-commerce "
-            "environment.\n{task_line}Your current observation is: {observation}\n"
-            "{admissible_line}\n{instruction}\n"
-        ),
-        later=(
-            "You are an expert autonomous agent operating in the WebShop e-commerce "
-            "environment.\n{task_line}" + _HISTORY_INTRO + "{admissible_line}\n{instruction}\n"
-        ),
-        task_prefix="Your task is to: ",
-        admissible_line="Your admissible actions of the current situation are: [\n{actions}\n].\n",
-        admissible_style="quoted_commas",
-    ),
-    "search": PromptTemplate(
-        first=(
-            "You are an expert agent tasked with answering the given question step-by-step.\n"
-            "{task_line}\n{instruction}\n"
-        ),
-        later=(
-            "You are an expert agent tasked with answering the given question step-by-step.\n"
-            "{task_line}\nPrior to this step, you have already taken {step_count} step(s). "
-            "Below is the interaction history where <search> </search> wrapped your past search "
-            "queries and <information> </information> wrapped the corresponding search results "
-            "returned by the external search engine. History:\n{history}\n\n{instruction}\n"
-        ),
-        task_prefix="Your question: ",
-        history_style="search",
-        default_fmt="search_answer",
-        task_from_observation=True,
-    ),
-}
+#: Template name for each env family (``TextEnv.family``) that declares a prompt, a view; others
+#: get ``"generic"``.
+FAMILY_TEMPLATES: FamilyTable[str] = FamilyTable(_family_template_name, aliases=_TEMPLATE_ALIASES)
 
-#: Template name for each env family (``TextEnv.family``); others get ``"generic"``.
-FAMILY_TEMPLATES: dict[str, str] = {
-    "alfworld": "alfworld",
-    "sokoban": "sokoban",
-    "webshop": "webshop",
-    "searchqa": "search",
-    "search": "search",
-}
+
+def template_for_family(family: str | None) -> PromptTemplate:
+    """The prompt template of env family ``family`` (its ``FAMILY.prompt``), else the generic one."""
+    spec = family_spec(family) if isinstance(family, str) else None
+    return spec.prompt if spec is not None and spec.prompt is not None else GENERIC_TEMPLATE
 
 
 def _template(template: str | PromptTemplate | None) -> PromptTemplate:
@@ -812,8 +703,8 @@ def make_llm_env(
     """Wrap ``env`` for an LLM: ``PromptRenderer(ParseActions(env))``, stacked in the right order.
 
     ``env`` is an env or a registered id (made with ``gym.make(env, **env_kwargs)``). The
-    template defaults to the env family's (``TextEnv.family`` via :data:`FAMILY_TEMPLATES`, else
-    ``"generic"``) and ``fmt`` to that template's format (``search_answer`` for QA,
+    template defaults to the env family's (the ``FAMILY.prompt`` its package declares for
+    ``TextEnv.family``, else the generic one) and ``fmt`` to that template's format (``search_answer`` for QA,
     ``think_action`` otherwise). Other keywords go to :func:`parse_action`.
 
     Usable as a ``GroupVectorEnv`` wrapper: ``wrappers=[(make_llm_env, {"history_length": 2})]``.
@@ -821,9 +712,9 @@ def make_llm_env(
     if isinstance(env, str):
         env = gym.make(env, **(env_kwargs or {}))
     if template is None:
-        family = getattr(env.unwrapped, "family", None)
-        template = FAMILY_TEMPLATES.get(family, "generic") if isinstance(family, str) else "generic"
-    tpl = _template(template)
+        tpl = template_for_family(getattr(env.unwrapped, "family", None))
+    else:
+        tpl = _template(template)
     fmt = tpl.default_fmt if fmt is None else fmt
     parser = ParseActions(env, fmt, check_admissible=check_admissible, **parse_options)
     return PromptRenderer(parser, history_length, tpl, task_key, fmt=fmt)

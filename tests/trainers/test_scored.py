@@ -11,7 +11,7 @@ import torch
 from trainers.gigpo.config import Config, ConfigError
 from trainers.gigpo.rollout import collect, make_group_env
 from trainers.gigpo.scored import ScoredActionPolicy, choose, score_candidates
-from trainers.gigpo.train import response_forward
+from trainers.gigpo.logprobs import response_forward
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,8 @@ Defaults follow the GiGPO paper (arXiv 2505.10978) and verl-agent's GiGPO exampl
 16 groups of 8 trajectories, learning rate 1e-6, history of 2 steps, gamma 0.95, omega 1.0,
 ``mean_norm`` group normalisation, invalid-action penalty 0.1, PPO clip 0.2, KL to the reference
 (low-variance estimator) with coefficient 0.01, prompts up to 2048 tokens and responses up to
-512. :data:`PRESETS` holds what differs per env (step cap, eval split, action format...).
+512. :data:`PRESETS` holds what differs per env (step cap, eval split, action format...), read
+from agentgym's registry: each family declares its own (``FAMILY.trainer_defaults``).
 
 Build one with :meth:`Config.for_env` (preset, then your overrides) or from the command line
 with :func:`parse_args`. :meth:`Config.validate` checks names and ranges before anything loads;
@@ -14,6 +15,7 @@ the command line turns its :class:`ConfigError` into one line and exit code 2.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import os
@@ -21,6 +23,7 @@ import re
 import sys
 import types
 import typing
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -269,7 +272,8 @@ class Config:
 
     @classmethod
     def for_env(cls, env: str, **overrides: Any) -> Config:
-        """The config for ``env``: defaults, then the env's preset, then ``overrides``."""
+        """The config for ``env``: defaults, then the env's preset (:data:`PRESETS`: its family's
+        trainer defaults and its registered step cap), then ``overrides``."""
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise TypeError(f"unknown config fields: {sorted(unknown)}")
@@ -308,7 +312,7 @@ class Config:
         Cheap: nothing is loaded (a hub model name not in the local cache costs one request to
         the hub, unless ``HF_HUB_OFFLINE`` is set). ``cli``: name fields as ``--flags``.
         """
-        from trainers.gigpo.advantage import _NORMS, available_advantages
+        from agentgym.algorithms import NORMS, advantage_estimator, available_advantages
 
         def flag(name: str) -> str:
             return "--" + name.replace("_", "-") if cli else name
@@ -321,7 +325,7 @@ class Config:
                 )
 
         choose("advantage", available_advantages())
-        choose("norm", _NORMS)
+        choose("norm", NORMS)
         choose("dtype", DTYPES)
         choose("generation_backend", GENERATION_BACKENDS)
         choose("hf_generation", HF_GENERATION)
@@ -384,7 +388,8 @@ class Config:
                 f"{flag('rollout')} stepwise draws {flag('group_size')} candidates per step: it "
                 f"needs at least 2, got {self.group_size}"
             )
-        if (self.advantage == "cw_grpo" or self.rollout == "stepwise") and self.judge == "rule":
+        judged = "contributions" in advantage_estimator(self.advantage).inputs
+        if (judged or self.rollout == "stepwise") and self.judge == "rule":
             from agentgym.algorithms.judges import RULE_JUDGES
             from agentgym.envs import entry
 
@@ -585,58 +590,51 @@ def out_dir_problem(run_dir: Path, resume: Path | None, overwrite: bool) -> str 
     )
 
 
-#: Per-env settings that differ from the defaults: step caps from the paper (ALFWorld 50,
-#: WebShop 15, Sokoban 15, search QA 4 turns) and, for the corridor, a tiny-model setup that
-#: learns on a CPU in minutes (a far larger learning rate than a 1.5B model tolerates,
-#: single-token actions, short responses).
-PRESETS: dict[str, dict[str, Any]] = {
-    "AgentGym/ALFWorld-v0": {
-        "max_steps": 50,
-        "eval_split": "valid_unseen",
-        "env_backend": "process",
-    },
-    "AgentGym/ALFWorld-Synthetic-v0": {"max_steps": 50, "env_backend": "process"},
-    "AgentGym/WebShop-v0": {"max_steps": 15, "train_split": "train", "eval_split": "test"},
-    "AgentGym/Sokoban-v0": {"max_steps": 15},
-    "AgentGym/SearchQA-v0": {
-        "max_steps": 4,
-        "max_new_tokens": 500,
-        "train_split": "train",
-        "eval_split": "test",
-    },
-    # the generated defaults play like the benchmarks they stand in for
-    "AgentGym/SearchQA-Synthetic-v0": {
-        "max_steps": 4,
-        "max_new_tokens": 500,
-        "train_split": "train",
-        "eval_split": "test",
-    },
-    "AgentGym/WebShop-Synthetic-v0": {
-        "max_steps": 15,
-        "train_split": "train",
-        "eval_split": "test",
-    },
-    "AgentGym/Corridor-v0": {
-        "fmt": "plain",
-        "prompt_template": "compact",
-        "history_length": 0,
-        "train_split": "train",
-        "eval_split": "test",
-        "env_kwargs": {"length": 3, "list_doors": False},
-        "model": "tiny",
-        "max_new_tokens": 1,
-        "lr": 2e-3,
-        "num_groups": 8,
-        "group_size": 8,
-        "iterations": 60,
-        "mini_batch_size": 128,
-        "micro_batch_size": 64,
-        "kl_coef": 0.0,
-        "cpu_threads": 1,
-        "eval_every": 10,
-        "eval_groups": 64,
-    },
-}
+class Presets(MutableMapping[str, dict[str, Any]]):
+    """``env id -> the config fields that differ from the defaults there``, read from agentgym's
+    registry: the family's ``FAMILY.trainer_defaults`` (declared in its package, e.g. the
+    corridor's tiny-model setup) and, as ``max_steps``, the id's registered step cap (the
+    paper's: ALFWorld 50, WebShop 15, Sokoban 15, search QA 4 turns), so no cap is stated twice.
+    ``PRESETS[id] = {...}`` sets one for an id of your own; each read is a fresh copy.
+    """
+
+    def __init__(self) -> None:
+        self._own: dict[str, dict[str, Any]] = {}
+
+    def __getitem__(self, env: str) -> dict[str, Any]:
+        if env in self._own:
+            return copy.deepcopy(self._own[env])
+        from agentgym.envs import entry
+        from agentgym.family import family_spec
+
+        try:
+            registered = entry(env)
+        except KeyError:
+            raise KeyError(env) from None
+        spec = family_spec(registered.family)
+        # a copy: a config must never share the preset's env_kwargs dict with the next one
+        preset = copy.deepcopy(dict(spec.trainer_defaults)) if spec is not None else {}
+        if registered.max_episode_steps is not None:
+            preset["max_steps"] = registered.max_episode_steps  # the registry's cap, not a copy
+        return preset
+
+    def __setitem__(self, env: str, preset: dict[str, Any]) -> None:
+        self._own[env] = dict(preset)
+
+    def __delitem__(self, env: str) -> None:
+        del self._own[env]
+
+    def __iter__(self) -> Iterator[str]:
+        from agentgym.envs import ENTRIES
+
+        return iter(dict.fromkeys([*self._own, *(e.id for e in ENTRIES)]))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+#: Per-env settings that differ from the defaults (see :class:`Presets`).
+PRESETS = Presets()
 
 #: The most evaluation episodes ``eval_groups=None`` sizes an evaluation to.
 EVAL_TASKS_CAP = 64

@@ -1,15 +1,20 @@
 """Train an LLM agent on an agentgym env with GiGPO (arXiv 2505.10978), or GRPO for comparison.
 
-One script, read top to bottom (CleanRL style). Each iteration:
+One script, read top to bottom (CleanRL style): ``train()`` sets up, then each iteration runs
 
+``# EVALUATE``   greedy episodes on held-out tasks every ``eval_every`` iterations;
 ``# ROLLOUT``    ``num_groups x group_size`` episodes, every group on one task, prompts rendered
                  with the last ``history_length`` steps and generated in batches;
-``# ADVANTAGE``  one row per (trajectory, step); ``trainers.gigpo.advantage`` turns rewards,
-                 group ids and ``state_key`` anchors into per-row advantages;
+``# ADVANTAGE``  one row per (trajectory, step); the estimator named by ``--advantage``
+                 (:mod:`agentgym.algorithms.advantage`) turns rewards, group ids and
+                 ``state_key`` anchors into per-row advantages;
 ``# UPDATE``     PPO-clip (token-mean), optional k3 KL to the frozen initial policy and entropy
                  bonus, mini-batches with gradient accumulation over micro-batches;
-``# EVAL``       greedy episodes on held-out tasks every ``eval_every`` iterations;
-``# LOG``        a stable metric vocabulary to ``metrics.jsonl`` (and TensorBoard when installed).
+``# LOG``        a stable metric vocabulary to ``metrics.jsonl`` (and TensorBoard when installed);
+``# CHECKPOINT`` every ``checkpoint_every`` iterations and at the end.
+
+The forward/log-prob math is in ``logprobs.py``, console lines, progress bars and Ctrl-C in
+``console.py``, checkpoint files in ``checkpoint.py``.
 
 Usage::
 
@@ -47,13 +52,11 @@ import copy
 import dataclasses
 import json
 import math
-import os
 import random
-import signal
 import sys
-import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -68,19 +71,33 @@ if __name__ == "__main__":
 import numpy as np
 import torch
 
+from agentgym.io import atomic_write_text
 from trainers.gigpo import checkpoint
-from trainers.gigpo.advantage import compute_advantage
+from trainers.gigpo.advantage import Estimator, advantage_estimator, compute_advantage
 from trainers.gigpo.checkpoint import STATE_FILE as STATE_FILE  # re-exported
 from trainers.gigpo.checkpoint import CheckpointError, CheckpointSaveError, resolve_resume
 from trainers.gigpo.config import PROG, Config, ConfigError, command_line, fail
 from trainers.gigpo.config import check_env_id as check_env_id  # re-exported
-from trainers.gigpo.loss import (
-    entropy_from_logits,
-    kl_k3,
-    masked_mean,
-    ppo_clip_loss,
-    token_logprobs,
+from trainers.gigpo.console import (
+    Console,
+    CtrlC,
+    RolloutProgress,
+    eval_line,
+    interrupted,
+    iteration_line,
+    summary_lines,
 )
+from trainers.gigpo.console import TrainingInterrupted as TrainingInterrupted  # re-exported
+from trainers.gigpo.logprobs import (
+    autocast_for,
+    batched_logprobs,
+    micro_groups,
+    pad_right_aligned,
+    row_lengths,
+    rows_forward,
+)
+from trainers.gigpo.logprobs import response_forward as response_forward  # re-exported
+from trainers.gigpo.loss import kl_k3, masked_mean, ppo_clip_loss
 from trainers.gigpo.multienv import (
     MixedEnvs,
     advantages_per_env,
@@ -89,13 +106,7 @@ from trainers.gigpo.multienv import (
     env_metrics,
     split_groups,
 )
-from trainers.gigpo.packing import (
-    INFERENCE_FACTOR,
-    auto_token_budget,
-    micro_batches,
-    packed_response_forward,
-    supports_varlen,
-)
+from trainers.gigpo.packing import INFERENCE_FACTOR, auto_token_budget, supports_varlen
 from trainers.gigpo.policy import HFPolicy, VLLMPolicy
 from trainers.gigpo.rollout import (
     RolloutBatch,
@@ -225,141 +236,6 @@ def resolve_device(config: Config) -> tuple[torch.device, torch.dtype]:
 
 
 # ----------------------------------------------------------------------------------------------
-# the update's forward pass
-# ----------------------------------------------------------------------------------------------
-def response_forward(
-    model: Any,
-    prompts: list[list[int]],
-    responses: list[list[int]],
-    pad_id: int,
-    device: torch.device,
-    with_entropy: bool | str = False,
-    temperature: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Log-probs of each row's response tokens under ``model``.
-
-    Sequences ``prompt + response`` are left-padded to a common length S so that every response
-    ends at the last position; only the last ``T + 1`` positions' logits are computed
-    (``logits_to_keep``), T being the longest response, which avoids a (B, S, V) logits tensor.
-    Logits are divided by the sampling ``temperature`` (as verl does), so that the ratio is taken
-    against the distribution the tokens were actually drawn from.
-
-    ``with_entropy``: False, True (computed without gradient, for logging) or ``"grad"`` (for an
-    entropy bonus).
-
-    Returns:
-        logprobs (B, T), response_mask (B, T) float, entropy (B, T) or None. Row b's response
-        occupies the last ``len(responses[b])`` of the T columns.
-    """
-    seqs = [p + r for p, r in zip(prompts, responses, strict=True)]
-    width = max(len(s) for s in seqs)
-    t_max = max(len(r) for r in responses)
-    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(seqs), width), dtype=torch.long)
-    mask = torch.zeros((len(seqs), t_max))
-    for b, (s, r) in enumerate(zip(seqs, responses, strict=True)):
-        input_ids[b, width - len(s) :] = torch.tensor(s)
-        attention[b, width - len(s) :] = 1
-        mask[b, t_max - len(r) :] = 1.0
-    input_ids, attention, mask = input_ids.to(device), attention.to(device), mask.to(device)
-    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention,
-        position_ids=positions,
-        logits_to_keep=t_max + 1,
-        use_cache=False,
-    )
-    logits = out.logits[:, :-1]  # (B, T, V): position j predicts token S - T + j
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    logprobs = token_logprobs(logits, input_ids[:, width - t_max :])
-    entropy = None
-    if with_entropy == "grad":
-        entropy = entropy_from_logits(logits)
-    elif with_entropy:  # for logging only: no autograd graph over the (B, T, V) softmax
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits)
-    return logprobs, mask, entropy
-
-
-@torch.no_grad()
-def batched_logprobs(
-    model: Any,
-    batch: RolloutBatch,
-    rows: np.ndarray,
-    micro: int,
-    pad_id: int,
-    device: torch.device,
-    autocast: Any,
-    temperature: float = 1.0,
-    token_budget: int | None = None,
-    packed: bool = False,
-) -> list[torch.Tensor]:
-    """Per-row response log-probs (a 1-D tensor per row) under ``model``, without gradients.
-
-    Rows go ``micro`` at a time in ``rows`` order, or with ``token_budget`` in length-sorted
-    micro-batches under it (``packed``: each packed into one sequence, no padding).
-    """
-    out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
-    model.eval()
-    if token_budget is None:
-        groups = [rows[start : start + micro] for start in range(0, len(rows), micro)]
-    else:
-        groups = [rows[g] for g in micro_batches(row_lengths(batch, rows), token_budget)]
-    for idx in groups:
-        with autocast():
-            lp, mask, _ = rows_forward(
-                model,
-                [batch.prompt_ids[i] for i in idx],
-                [batch.response_ids[i] for i in idx],
-                pad_id,
-                device,
-                temperature=temperature,
-                packed=packed,
-            )
-        for b, i in enumerate(idx):
-            out[i] = lp[b, mask[b] > 0].float().cpu()
-    model.train()
-    return out
-
-
-def rows_forward(
-    model: Any,
-    prompts: list[list[int]],
-    responses: list[list[int]],
-    pad_id: int,
-    device: torch.device,
-    with_entropy: bool | str = False,
-    temperature: float = 1.0,
-    packed: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """:func:`response_forward`, or with ``packed`` its padding-free equivalent
-    (``trainers.gigpo.packing.packed_response_forward``; same layout, same values)."""
-    if packed:
-        return packed_response_forward(model, prompts, responses, device, with_entropy, temperature)
-    return response_forward(model, prompts, responses, pad_id, device, with_entropy, temperature)
-
-
-def row_lengths(batch: RolloutBatch, rows: np.ndarray) -> np.ndarray:
-    """(len(rows),) prompt + response tokens of each of ``rows``."""
-    return np.fromiter(
-        (len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in rows),
-        dtype=np.int64,
-        count=len(rows),
-    )
-
-
-def pad_right_aligned(rows: list[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:
-    """Stack 1-D tensors into (B, width), each right-aligned (as ``response_forward`` lays out)."""
-    out = torch.zeros((len(rows), width))
-    for b, r in enumerate(rows):
-        if len(r):
-            out[b, width - len(r) :] = r
-    return out.to(device)
-
-
-# ----------------------------------------------------------------------------------------------
 # logging and checkpoints
 # ----------------------------------------------------------------------------------------------
 class MetricLogger:
@@ -386,9 +262,7 @@ class MetricLogger:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "metrics.jsonl"
         history = history or []
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in history))
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in history))
         self.writer = None
         if tensorboard:
             try:
@@ -549,6 +423,29 @@ def _contributions(batch: RolloutBatch, judge: Any) -> np.ndarray:
     return np.concatenate(scores) if scores else np.zeros(0)
 
 
+# How the rollout provides each per-row input an estimator may declare beyond the common rows
+# (state_keys are passed to every estimator, which reports step-group stats from them).
+ESTIMATOR_INPUTS: dict[str, Callable[[RolloutBatch, Any], Any]] = {
+    "branch_ids": lambda batch, judge: batch.branch_ids,
+    "contributions": _contributions,
+}
+
+
+def estimator_inputs(estimator: Estimator, batch: RolloutBatch, judge: Any) -> dict[str, Any]:
+    """The per-row inputs ``estimator`` declares, built from ``batch`` (and the ``judge``)."""
+    return {
+        name: ESTIMATOR_INPUTS[name](batch, judge)
+        for name in estimator.inputs
+        if name != "state_keys"
+    }
+
+
+def estimator_options(config: Config, estimator: Estimator) -> dict[str, Any]:
+    """The options ``estimator`` takes, from the config fields of the same name (the others
+    keep the estimator's defaults)."""
+    return {k: getattr(config, k) for k in estimator.option_names() if hasattr(config, k)}
+
+
 def _split_options(split: str | None) -> dict[str, Any] | None:
     return {"split": split} if split else None
 
@@ -572,133 +469,38 @@ def episode_metrics(prefix: str, batch: RolloutBatch) -> dict[str, float]:
     return out
 
 
+def evaluate(
+    config: Config, eval_venv: Any, policy: Any, phase: Any, iteration: int, samples: int
+) -> dict[str, Any]:
+    """Greedy (by default) episodes on the same held-out tasks every time (a fixed seed);
+    the record logged as ``eval/...`` at ``iteration``."""
+    t0 = time.perf_counter()
+    # Without a held-out split, seeds far from the training seeds give other tasks.
+    seed = 2**31 - 1 - config.seed if config.eval_split is None else config.seed
+    batch = collect_any(
+        eval_venv,
+        RolloutProgress(policy, phase, eval_venv.num_envs, "eval"),
+        seed=seed,
+        options=_split_options(config.eval_split),
+        temperature=config.eval_temperature,
+    )
+    record = {"iteration": iteration, "samples": samples}
+    record.update(episode_metrics("eval", batch))
+    if isinstance(eval_venv, MixedEnvs):  # and per env
+        record.update(env_metrics("eval", batch, eval_venv.names, episode_metrics))
+    record["time/eval"] = time.perf_counter() - t0
+    return record
+
+
+def evaluated_at(history: list[dict[str, Any]], iteration: int) -> bool:
+    """Whether ``history`` holds an evaluation at ``iteration`` (a checkpoint written after the
+    final evaluation already holds it)."""
+    return any(r["iteration"] == iteration and "eval/success_rate" in r for r in history)
+
+
 # ----------------------------------------------------------------------------------------------
 # the training loop
 # ----------------------------------------------------------------------------------------------
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped training; ``checkpoint`` is the checkpoint it can resume from (None: none
-    was written by this run) and ``message`` the one line to show."""
-
-    def __init__(self, message: str, checkpoint: Path | None):
-        super().__init__(message)
-        self.message = message
-        self.checkpoint = checkpoint
-
-
-class _CtrlC:
-    """SIGINT while training: stop at once where nothing has changed yet, else at the end of
-    the update.
-
-    Rollout, advantage and evaluation change no weights, so a Ctrl-C there abandons the
-    iteration (the trainer saves the state from its start). From the first optimizer step until
-    the iteration's record and checkpoint are written, the weights and the history disagree, so
-    a Ctrl-C there is only noted and the iteration finishes first; a second Ctrl-C stops at
-    once, without saving. Installed only in the main thread (the only one signals reach).
-    """
-
-    def __init__(self) -> None:
-        self.must_finish = False
-        self.requested = False
-        self._previous: Any = None
-
-    def install(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
-
-    def restore(self) -> None:
-        """Give SIGINT back to the handler it had before :meth:`install`."""
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
-
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self.must_finish and not self.requested:
-            self.requested = True
-            return
-        raise KeyboardInterrupt
-
-
-class _RolloutProgress:
-    """The policy, reporting each generation round (envs still running, tokens) to a bar.
-
-    ``collect`` sees the policy unchanged; every other attribute is the wrapped policy's.
-    """
-
-    def __init__(self, policy: Any, bar: Any, num_envs: int, desc: str):
-        self.policy, self.bar, self.num_envs = policy, bar, num_envs
-        self.rounds = self.tokens = 0
-        if bar is not None:
-            bar.reset(total=num_envs)
-            bar.set_description(desc)
-
-    def generate(self, prompts: Any, **kwargs: Any) -> Any:
-        out = self.policy.generate(prompts, **kwargs)
-        self.rounds += 1
-        self.tokens += sum(len(g.response_ids) for g in out)
-        if self.bar is not None:
-            self.bar.n = self.num_envs - len(prompts)  # episodes finished before this round
-            self.bar.set_postfix(round=self.rounds, running=len(prompts), tokens=self.tokens)
-        return out
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.policy, name)
-
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(int(round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.1f}s"
-
-
-def iteration_line(record: dict[str, Any], iterations: int) -> str:
-    """The one line printed per training iteration."""
-    t = record
-    return (
-        f"iteration {t['iteration']}/{iterations}: success {t['rollout/success_rate']:.2f}  "
-        f"return {t['rollout/return']:.3f}  invalid {t['rollout/invalid_rate']:.2f}  "
-        f"{t['time/tokens_per_s']:,.0f} tok/s | generate {t['time/generate']:.2f}s  "
-        f"env {t['time/env']:.2f}s  update {t['time/update']:.2f}s  "
-        f"({t['time/iteration']:.2f}s)"
-    )
-
-
-def eval_line(record: dict[str, Any], tasks: int) -> str:
-    """The one line printed per evaluation."""
-    return (
-        f"eval at iteration {record['iteration']}: success {record['eval/success_rate']:.2f} "
-        f"on {tasks} held-out tasks  return {record['eval/return']:.3f}  "
-        f"({record['time/eval']:.2f}s)"
-    )
-
-
-def summary_lines(history: list[dict[str, Any]], start: int, elapsed: float) -> list[str]:
-    """The final summary: what changed over the run (rollout and eval success)."""
-    rows = [r for r in history if "rollout/success_rate" in r]
-    evals = [r for r in history if "eval/success_rate" in r]
-    done = rows[-1]["iteration"] if rows else start
-    head = (
-        f"finished {done} iteration{'s' if done != 1 else ''} in {_duration(elapsed)}"
-        if start == 0
-        else f"finished iterations {start + 1}-{done} in {_duration(elapsed)} (resumed at {start})"
-    )
-    parts = []
-    if rows:
-        parts.append(
-            f"rollout success {rows[0]['rollout/success_rate']:.2f} -> "
-            f"{rows[-1]['rollout/success_rate']:.2f}"
-        )
-    if evals:
-        best = max(evals, key=lambda r: r["eval/success_rate"])
-        parts.append(
-            f"eval success {evals[0]['eval/success_rate']:.2f} -> "
-            f"{evals[-1]['eval/success_rate']:.2f} (best {best['eval/success_rate']:.2f} at "
-            f"iteration {best['iteration']})"
-        )
-    return [head + (": " + ", ".join(parts) if parts else "")]
-
-
 def train(config: Config) -> list[dict[str, Any]]:
     """Run the configured training; returns the metric history (also in ``metrics.jsonl``).
 
@@ -728,14 +530,8 @@ def train(config: Config) -> list[dict[str, Any]]:
         )
         return list(state["history"])
 
-    def say(line: str) -> None:
-        if bar is not None:
-            bar.write(line, file=sys.stdout)
-        else:
-            print(line)
-        sys.stdout.flush()
-
-    bar = phase = None
+    console = Console()
+    say = console.say
     if loud:
         n = config.checkpoint_every
         every = f"every {n} iterations and " if n > 1 else "every iteration and " if n else ""
@@ -778,11 +574,7 @@ def train(config: Config) -> list[dict[str, Any]]:
     model.train()
     pad_id = tokenizer.pad_token_id
 
-    def autocast():
-        # fp32 master weights, low-precision compute (CPU autocast too, when asked for).
-        if compute_dtype != torch.float32:
-            return torch.autocast(device.type, dtype=compute_dtype)
-        return nullcontext()
+    autocast = autocast_for(device, compute_dtype)
 
     # The KL reference is the initial policy: a frozen copy, or the LoRA base (adapter off).
     reference = None
@@ -803,14 +595,6 @@ def train(config: Config) -> list[dict[str, Any]]:
     else:
         train_budget = auto_token_budget(model.config, device_memory=card)
         infer_budget = auto_token_budget(model.config, inference=True, device_memory=card)
-
-    def micro_groups(batch: RolloutBatch, mini: np.ndarray) -> list[np.ndarray]:
-        """A mini-batch's rows as micro-batches (the loss weighs each by its token share)."""
-        if train_budget is None:
-            step = config.micro_batch_size
-            return [mini[i : i + step] for i in range(0, len(mini), step)]
-        parts = micro_batches(row_lengths(batch, mini), train_budget, config.micro_batch_size)
-        return [mini[p] for p in parts]
 
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
 
@@ -859,9 +643,13 @@ def train(config: Config) -> list[dict[str, Any]]:
             f"generation_backend must be 'hf' or 'vllm', got {config.generation_backend!r}"
         )
 
+    # The estimator chosen by name: its options come from the config, its inputs from the batch.
+    estimator = advantage_estimator(config.advantage)
+    advantage_options = estimator_options(config, estimator)
+    # A judge scores rounds for an estimator that reads contributions, and stepwise candidates.
     judge = (
         make_judge(config, model, tokenizer)
-        if config.advantage == "cw_grpo" or config.rollout == "stepwise"
+        if "contributions" in estimator.inputs or config.rollout == "stepwise"
         else None
     )
     venv = make_run_envs(config, config.num_groups, config.group_size, evaluation=False)
@@ -886,34 +674,11 @@ def train(config: Config) -> list[dict[str, Any]]:
     )
     last_saved = start if resuming_in_place else None  # iteration of the newest checkpoint here
 
-    def evaluate(iteration: int) -> dict[str, Any]:
-        # EVAL: the same held-out tasks every time (fixed seed), greedy by default.
-        t0 = time.perf_counter()
-        # Without a held-out split, seeds far from the training seeds give other tasks.
-        seed = 2**31 - 1 - config.seed if config.eval_split is None else config.seed
-        batch = collect_any(
-            eval_venv,
-            _RolloutProgress(policy, phase, eval_venv.num_envs, "eval"),
-            seed=seed,
-            options=_split_options(config.eval_split),
-            temperature=config.eval_temperature,
-        )
-        record = {"iteration": iteration, "samples": iteration * venv.num_envs}
-        record.update(episode_metrics("eval", batch))
-        if isinstance(eval_venv, MixedEnvs):  # and per env
-            record.update(env_metrics("eval", batch, eval_venv.names, episode_metrics))
-        record["time/eval"] = time.perf_counter() - t0
-        return record
-
     def emit(record: dict[str, Any]) -> None:
         history.append(record)
         logger.log(record)
         if loud and "eval/success_rate" in record:
             say(eval_line(record, eval_venv.num_envs))
-
-    def evaluated_at(iteration: int) -> bool:
-        # A checkpoint written after the final evaluation already holds it.
-        return any(r["iteration"] == iteration and "eval/success_rate" in r for r in history)
 
     def save(iteration: int, rng: dict[str, Any] | None = None, upto: int | None = None) -> Path:
         nonlocal last_saved
@@ -932,34 +697,31 @@ def train(config: Config) -> list[dict[str, Any]]:
 
     iterations = range(start, config.iterations)
     if loud and config.progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            total=config.iterations,
-            initial=start,
-            desc=f"{config.advantage} {config.env}",
-            unit="it",
-            file=sys.stderr,
-            position=0,
+        console.show_progress(
+            config.iterations, start, f"{config.advantage} {config.env}", venv.num_envs
         )
-        phase = tqdm(total=venv.num_envs, leave=False, file=sys.stderr, position=1)
     threads_before = torch.get_num_threads()
     # The last state that a checkpoint can hold: (iterations done, history length, RNG), or
     # None while the weights are ahead of the history (inside an update).
     consistent: tuple[int, int, dict[str, Any]] | None = (start, len(history), rng_state())
-    ctrl_c = _CtrlC()
+    ctrl_c = CtrlC()
     try:
         ctrl_c.install()
         if device.type == "cpu" and config.cpu_threads:
             torch.set_num_threads(config.cpu_threads)  # restored in `finally`
         for it in iterations:
             consistent = (it, len(history), rng_state())
-            if eval_venv is not None and it % config.eval_every == 0 and not evaluated_at(it):
-                emit(evaluate(it))  # timed apart (time/eval, its own line), not in the iteration
+
+            # EVALUATE --------------------------------------------------------------------
+            # Timed apart (time/eval, its own line), not in the iteration.
+            if eval_venv is not None and it % config.eval_every == 0:
+                if not evaluated_at(history, it):
+                    samples = it * venv.num_envs
+                    emit(evaluate(config, eval_venv, policy, console.phase, it, samples))
             t_iter = time.perf_counter()
 
             # ROLLOUT ---------------------------------------------------------------------
-            progress = _RolloutProgress(policy, phase, venv.num_envs, f"rollout {it + 1}")
+            progress = RolloutProgress(policy, console.phase, venv.num_envs, f"rollout {it + 1}")
             if config.rollout == "stepwise":
                 batch = collect_stepwise(
                     venv,
@@ -1006,20 +768,8 @@ def train(config: Config) -> list[dict[str, Any]]:
                     rewards=batch.rewards,
                     state_keys=batch.state_keys,
                     invalid=batch.invalid,
-                    gamma=config.gamma,
-                    omega=config.omega,
-                    norm=config.norm,
-                    invalid_penalty=config.invalid_penalty,
-                    episode_stats_over=config.episode_stats_over,
-                    branch_ids=batch.branch_ids,
-                    contributions=_contributions(batch, judge)
-                    if config.advantage == "cw_grpo"
-                    else None,
-                    **(
-                        {"contribution_gamma": config.contribution_gamma}
-                        if config.advantage == "cw_grpo"
-                        else {}
-                    ),
+                    **estimator_inputs(estimator, batch, judge),
+                    **advantage_options,
                 )
 
             if batch.env_ids is None:
@@ -1070,17 +820,16 @@ def train(config: Config) -> list[dict[str, Any]]:
             sums: dict[str, float] = defaultdict(float)
             steps = 0
             gen = np.random.default_rng(config.seed * 7919 + it)
-            if phase is not None:
-                phase.reset(total=config.ppo_epochs * math.ceil(n / config.mini_batch_size))
-                phase.set_description(f"update {it + 1}")
-                phase.set_postfix_str("optimizer steps", refresh=False)
+            console.update_started(
+                config.ppo_epochs * math.ceil(n / config.mini_batch_size), f"update {it + 1}"
+            )
             for epoch in range(config.ppo_epochs):
                 perm = gen.permutation(n)
                 for mb_start in range(0, n, config.mini_batch_size):
                     mini = perm[mb_start : mb_start + config.mini_batch_size]
                     num_tokens = float(sum(len(batch.response_ids[i]) for i in mini))
                     optimizer.zero_grad(set_to_none=True)
-                    for idx in micro_groups(batch, mini):
+                    for idx in micro_groups(batch, mini, train_budget, config.micro_batch_size):
                         with autocast():
                             logp, mask, entropy = rows_forward(
                                 model,
@@ -1137,8 +886,7 @@ def train(config: Config) -> list[dict[str, Any]]:
                         optimizer.step()
                     sums["update/grad_norm"] += float(grad_norm)
                     steps += 1
-                    if phase is not None:
-                        phase.update(1)
+                    console.optimizer_step()
             policy.sync_weights(model)
             record["rollout/logprob_diff"] = float(np.mean(diffs)) if diffs else 0.0
             record["update/first_ratio_dev"] = first_ratio_dev
@@ -1160,9 +908,9 @@ def train(config: Config) -> list[dict[str, Any]]:
             emit(record)
             if loud:
                 say(iteration_line(record, config.iterations))
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(success=f"{record['rollout/success_rate']:.2f}")
+            console.iteration_done(record)
+
+            # CHECKPOINT ------------------------------------------------------------------
             last = it + 1 == config.iterations
             if config.checkpoint_every and (it + 1) % config.checkpoint_every == 0:
                 if not (last and config.save_final):  # the final save, after the final eval
@@ -1172,20 +920,19 @@ def train(config: Config) -> list[dict[str, Any]]:
             if ctrl_c.requested:
                 raise KeyboardInterrupt
 
-        if eval_venv is not None and not evaluated_at(config.iterations):
-            emit(evaluate(config.iterations))
+        # EVALUATE and CHECKPOINT the final policy --------------------------------------
         done = config.iterations
+        if eval_venv is not None and not evaluated_at(history, done):
+            emit(evaluate(config, eval_venv, policy, console.phase, done, done * venv.num_envs))
         if config.save_final and last_saved != done and (done > start or not resuming_in_place):
             ctrl_c.must_finish = True  # a Ctrl-C now would only cut the final save short
             save(done)
     except KeyboardInterrupt:
-        raise _interrupted(consistent, last_saved, out_dir, save) from None
+        raise interrupted(consistent, last_saved, out_dir, save) from None
     finally:
         ctrl_c.restore()
         torch.set_num_threads(threads_before)
-        for b in (phase, bar):
-            if b is not None:
-                b.close()
+        console.close()
         logger.close()
         venv.close()
         if eval_venv is not None:
@@ -1204,30 +951,6 @@ def train(config: Config) -> list[dict[str, Any]]:
     for line in [*lines, ", ".join(where)]:
         print(line, flush=True)
     return history
-
-
-def _interrupted(
-    consistent: tuple[int, int, dict[str, Any]] | None,
-    last_saved: int | None,
-    out_dir: Path,
-    save: Any,
-) -> TrainingInterrupted:
-    """Save what Ctrl-C left consistent (if anything new) and say how to continue."""
-    resume = f"continue with: {PROG} --resume {out_dir}"
-    if consistent is None:
-        latest = checkpoint.latest_complete(out_dir)
-        where = f"the latest checkpoint is {latest}; {resume}" if latest else "no checkpoint"
-        return TrainingInterrupted(f"interrupted twice: stopped without saving; {where}", latest)
-    done, upto, rng = consistent
-    if done == last_saved:
-        path = out_dir / f"checkpoint-{done}"
-    elif done == 0:
-        return TrainingInterrupted(
-            "interrupted during the first iteration: nothing to save yet", None
-        )
-    else:
-        path = save(done, rng, upto)
-    return TrainingInterrupted(f"interrupted after iteration {done}: saved {path}; {resume}", path)
 
 
 def main(argv: list[str] | None = None, checked: tuple[Config, list[str]] | None = None) -> None:

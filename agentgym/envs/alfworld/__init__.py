@@ -15,8 +15,10 @@ from agentgym.envs.alfworld.data import (
     list_games,
 )
 from agentgym.envs.alfworld.env import ALFWorldEnv, success_by_task_type
+from agentgym.family import HISTORY_INTRO, FamilySpec, JudgeSpec, PromptTemplate
 
 __all__ = [
+    "FAMILY",
     "ALFWorldEnv",
     "DataNotFoundError",
     "SPLITS",
@@ -25,3 +27,28 @@ __all__ = [
     "list_games",
     "success_by_task_type",
 ]
+
+#: What shared code asks of ALFWorld: verl-agent's ALFWorld prompt; a rule judge over the goal's
+#: facts (a round scores 1 when it made a goal fact true, into a state not seen before: a fact is
+#: often undone on the way, e.g. the ladle taken off the countertop to be cleaned); the paper's
+#: out-of-distribution evaluation split; a process pool for rollouts (a step costs far more
+#: than a process hop).
+FAMILY = FamilySpec(
+    prompt=PromptTemplate(
+        first=(
+            "You are an expert agent operating in the ALFRED Embodied Environment.\n"
+            "{task_line}Your current observation is: {observation}\n{admissible_line}\n"
+            "{instruction}\n"
+        ),
+        later=(
+            "You are an expert agent operating in the ALFRED Embodied Environment.\n"
+            "{task_line}" + HISTORY_INTRO + "{admissible_line}\n{instruction}\n"
+        ),
+        task_prefix="Your task is to: ",
+    ),
+    rule_judge=JudgeSpec(
+        "progress", {"key": ("goal_progress", "goal_facts_met"), "since": "previous"}
+    ),
+    trainer_defaults={"eval_split": "valid_unseen", "env_backend": "process"},
+    data_env_var="ALFWORLD_DATA",
+)

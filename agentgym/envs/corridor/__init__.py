@@ -4,5 +4,34 @@ See :class:`CorridorEnv`. Used by the trainer's learning test and the GiGPO-vs-G
 """
 
 from agentgym.envs.corridor.env import DOOR_NAMES, CorridorEnv
+from agentgym.family import FamilySpec, JudgeSpec
 
 __all__ = ["CorridorEnv", "DOOR_NAMES"]
+
+#: What shared code asks of the corridor: the generic prompt; a rule judge on ``info["score"]``,
+#: the share of rooms passed (a round scores 1 exactly when it advanced a room); and for the
+#: bundled trainer a tiny-model setup that learns on a CPU in minutes (a far larger learning
+#: rate than a 1.5B model tolerates, single-token actions, short responses).
+FAMILY = FamilySpec(
+    rule_judge=JudgeSpec("progress", {"key": "score"}),
+    trainer_defaults={
+        "fmt": "plain",
+        "prompt_template": "compact",
+        "history_length": 0,
+        "train_split": "train",
+        "eval_split": "test",
+        "env_kwargs": {"length": 3, "list_doors": False},
+        "model": "tiny",
+        "max_new_tokens": 1,
+        "lr": 2e-3,
+        "num_groups": 8,
+        "group_size": 8,
+        "iterations": 60,
+        "mini_batch_size": 128,
+        "micro_batch_size": 64,
+        "kl_coef": 0.0,
+        "cpu_threads": 1,
+        "eval_every": 10,
+        "eval_groups": 64,
+    },
+)

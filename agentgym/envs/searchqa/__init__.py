@@ -24,8 +24,10 @@ from agentgym.envs.searchqa.synthetic import (
     knowledge_base,
     write_search_r1_files,
 )
+from agentgym.family import FamilySpec, JudgeSpec, PromptTemplate
 
 __all__ = [
+    "FAMILY",
     "DATA_ENV",
     "RETRIEVER_ENV",
     "SearchQAEnv",
@@ -43,3 +45,30 @@ __all__ = [
     "shared_retriever",
     "write_search_r1_files",
 ]
+
+#: What shared code asks of search-QA: Search-R1's prompt (the question, then each query with
+#: what it returned), in the ``<search>`` / ``<answer>`` format; a rule judge that reads
+#: ``info["retrieved_answer"]`` (a search round that brought a passage holding a golden answer)
+#: and the answer round's F1; Search-R1's response length (500 tokens) and train/test splits.
+FAMILY = FamilySpec(
+    prompt=PromptTemplate(
+        first=(
+            "You are an expert agent tasked with answering the given question step-by-step.\n"
+            "{task_line}\n{instruction}\n"
+        ),
+        later=(
+            "You are an expert agent tasked with answering the given question step-by-step.\n"
+            "{task_line}\nPrior to this step, you have already taken {step_count} step(s). "
+            "Below is the interaction history where <search> </search> wrapped your past search "
+            "queries and <information> </information> wrapped the corresponding search results "
+            "returned by the external search engine. History:\n{history}\n\n{instruction}\n"
+        ),
+        task_prefix="Your question: ",
+        history_style="search",
+        default_fmt="search_answer",
+        task_from_observation=True,
+    ),
+    rule_judge=JudgeSpec("searchqa"),
+    trainer_defaults={"max_new_tokens": 500, "train_split": "train", "eval_split": "test"},
+    data_env_var=DATA_ENV,
+)

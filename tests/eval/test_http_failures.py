@@ -1,0 +1,199 @@
+"""A server that is down, slow, answers 500 or garbage never kills a run: the turns become
+invalid steps, the episodes end truncated with the reason, and the summary counts them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agentgym.cli import main
+from agentgym.eval import (
+    OpenAIChatPolicy,
+    RolloutEngine,
+    SamplingParams,
+    make_episodes,
+    summarize,
+)
+
+
+def _run(policy, specs, **kw):
+    engine = RolloutEngine(policy, SamplingParams(temperature=0, max_tokens=8), **kw)
+
+    async def go():
+        try:
+            return await engine.run(specs)
+        finally:
+            await policy.aclose()
+
+    return asyncio.run(go()), engine
+
+
+@pytest.mark.parametrize(
+    ("mode", "kind"),
+    [
+        ("500", "http_status"),
+        ("garbage", "bad_response"),
+        ("slow", "timeout"),
+        ("down", "connection"),
+    ],
+)
+def test_failing_server_ends_turns_invalid_and_episodes_truncated(faulty_server, mode, kind):
+    base, down = faulty_server
+    url = down if mode == "down" else f"{base}/{mode}"
+    policy = OpenAIChatPolicy(url, timeout=0.5, retries=1, backoff=0.01, model="faulty")
+    specs = make_episodes("AgentGym/Corridor-v0", tasks=2, group_size=2)
+    records, engine = _run(policy, specs, max_turns=5, max_policy_errors=2)
+
+    assert len(records) == 4
+    for rec in records:
+        # two failed turns in a row end the episode, each an invalid step with the reason kept
+        assert rec.end_reason == "policy_errors" and rec.truncated and not rec.terminated
+        assert [t.action_valid for t in rec.turns] == [False, False]
+        assert all(t.error_kind == kind and t.error for t in rec.turns)
+        assert all(t.action is None for t in rec.turns)
+        assert rec.error is not None
+    summary = summarize(records)
+    assert summary["policy_errors"] == {kind: 8}
+    assert summary["end_reasons"] == {"policy_errors": 4}
+    assert summary["invalid_action_rate"] == 1.0
+    assert engine.stats.errors == {kind: 8}
+
+
+def test_retry_recovers_from_a_busy_answer(faulty_server):
+    base, _ = faulty_server
+    policy = OpenAIChatPolicy(f"{base}/flaky", timeout=5, retries=2, backoff=0.01, model="faulty")
+    out = asyncio.run(policy.act([{"role": "user", "content": "hi"}], SamplingParams()))
+    asyncio.run(policy.aclose())
+    assert out.error is None and out.attempts == 2
+    # vLLM's "token_id:<id>" tokens give the sampled ids; their log-probs are kept
+    assert out.token_ids == [60, 61] and out.logprobs == [-0.25, -1.5]
+    assert out.text == "<think>go</think><action>red</action>"
+
+
+def test_a_strict_server_gets_the_request_without_vllm_fields(faulty_server):
+    base, _ = faulty_server
+    policy = OpenAIChatPolicy(f"{base}/strict", retries=0, model="faulty")
+
+    async def two_at_once():  # both sent with the field before either learns it is refused
+        msgs = [{"role": "user", "content": "hi"}]
+        return await asyncio.gather(*(policy.act(msgs, SamplingParams()) for _ in "ab"))
+
+    outs = asyncio.run(two_at_once())
+    assert [o.error for o in outs] == [None, None]
+    assert policy._token_ids_field is False  # dropped once, not retried on every turn
+
+
+def test_cli_against_a_500_server_completes_and_counts(faulty_server, tmp_path, capsys):
+    base, _ = faulty_server
+    argv = f"eval Corridor-v0 --base-url {base}/500 --served-model faulty --tasks 1"
+    argv += " --group-size 2 --max-turns 3 --timeout 2 --retries 0 --quiet --api-key sk-secret-1"
+    code = main([*argv.split(), "--out-dir", str(tmp_path)])
+    assert code == 0
+    assert "sk-secret-1" not in (tmp_path / "results.json").read_text()
+    results = json.loads((tmp_path / "results.json").read_text())
+    env = results["envs"]["AgentGym/Corridor-v0"]
+    assert results["complete"] and results["episodes_finished"] == 2
+    assert env["policy_errors"] == {"http_status": 4} and env["end_reasons"] == {"policy_errors": 2}
+    lines = (tmp_path / "trajectories.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    turn = json.loads(lines[0])["turns"][0]
+    assert "HTTP 500" in turn["error"] and turn["action_valid"] is False
+    assert "policy errors         http_status 4" in capsys.readouterr().out
+
+
+def test_cli_bad_input_is_a_clear_error(tmp_path, capsys):
+    assert (
+        main(
+            ["eval", "NoSuchEnv-v9", "--base-url", "http://127.0.0.1:9", "--out-dir", str(tmp_path)]
+        )
+        == 2
+    )
+    assert "NoSuchEnv-v9" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["eval", "Corridor-v0", "--base-url", "http://x", "--top-p", "0"])
+    with pytest.raises(SystemExit):  # one model source, not two
+        main(["eval", "Corridor-v0", "--base-url", "http://x", "--model", "m"])
+
+
+def test_ctrl_c_writes_what_has_finished(faulty_server, tmp_path):
+    base, _ = faulty_server
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentgym.cli",
+            "eval",
+            "Corridor-v0",
+            "--base-url",
+            f"{base}/ok",
+            "--tasks",
+            "200",
+            "--concurrency",
+            "1",
+            "--max-turns",
+            "3",
+            "--out-dir",
+            str(tmp_path),
+            "--quiet",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    jsonl = tmp_path / "trajectories.jsonl"
+    deadline = time.monotonic() + 120
+    while not (jsonl.is_file() and jsonl.read_text().count("\n") >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            proc.stderr.read() if proc.poll() else "slow"
+        )
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    results = json.loads((tmp_path / "results.json").read_text())
+    lines = jsonl.read_text().splitlines()
+    assert results["complete"] is False
+    assert 2 <= results["episodes_finished"] == len(lines) < 200
+    assert results["envs"]["AgentGym/Corridor-v0"]["episodes"] == len(lines)
+    assert "interrupted" in err
+
+
+def test_cli_skips_an_env_it_cannot_build_and_runs_the_others(
+    faulty_server, tmp_path, monkeypatch, capsys
+):
+    base, _ = faulty_server
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "no-data-here"))
+    code = main(
+        [
+            "eval",
+            "ALFWorld-v0",
+            "Corridor-v0",
+            "--base-url",
+            f"{base}/ok",
+            "--tasks",
+            "1",
+            "--max-turns",
+            "2",
+            "--out-dir",
+            str(tmp_path / "out"),
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert list(results["skipped"]) == ["AgentGym/ALFWorld-v0"]
+    assert list(results["envs"]) == ["AgentGym/Corridor-v0"]
+    assert results["envs"]["AgentGym/Corridor-v0"]["policy_errors"] == {}
+    (row,) = [
+        json.loads(x) for x in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
+    ]
+    # the ok server answers "<think>go</think><action>red</action>": parsed, handed to the env
+    assert [t["action"] for t in row["turns"]] == ["red"] * len(row["turns"])
+    assert all(t["parse_error"] is None for t in row["turns"])
+    assert "skipping AgentGym/ALFWorld-v0" in capsys.readouterr().err
