@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from trainers.gigpo.config import Config, ConfigError
+from trainers.gigpo.logprobs import response_forward
 from trainers.gigpo.rollout import collect, make_group_env
 from trainers.gigpo.scored import ScoredActionPolicy, choose, score_candidates
-from trainers.gigpo.logprobs import response_forward
 
 
 @pytest.fixture(scope="module")
@@ -108,19 +108,18 @@ def test_temperature_zero_is_the_argmax(smollm2):
     policy = ScoredActionPolicy(model, tokenizer)
     prompt = "Room 1 of 3. Light comes through the gold door.\n"
     actions = ["red", "blue", "gold", "pink door", "gray"]
-    ids = policy.action_ids
+    chosen = policy.generate([prompt], 0.0, [actions])[0]
     scored = score_candidates(
-        model, [policy.generate([prompt], 0.0, [actions])[0].prompt_ids], [[ids(a) for a in actions]],
+        model, [chosen.prompt_ids], [[policy.action_ids(a) for a in actions]],
         pad_id=tokenizer.pad_token_id,
     )[0]  # fmt: skip
     totals = torch.stack([s.sum() for s in scored])
-    best = actions[int(torch.argmax(totals))]
-    for _ in range(3):
-        assert policy.generate([prompt], 0.0, [actions])[0].text == best
-    # a vanishing temperature samples the argmax too; a high one does not always
+    assert chosen.text == actions[int(torch.argmax(totals))]
+    # a vanishing temperature samples the argmax too; a high one spreads over the actions
     torch.manual_seed(0)
-    assert {policy.generate([prompt], 1e-6, [actions])[0].text for _ in range(10)} == {best}
-    assert len({policy.generate([prompt], 50.0, [actions])[0].text for _ in range(30)}) > 1
+    assert policy.generate([prompt], 1e-6, [actions])[0].text == chosen.text
+    assert {choose(totals, 1e-6) for _ in range(50)} == {int(torch.argmax(totals))}
+    assert len({choose(totals, 50.0) for _ in range(50)}) > 1
 
 
 def test_choose_follows_the_softmax():
