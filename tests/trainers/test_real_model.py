@@ -35,6 +35,9 @@ def real_config(model, tmp_path, **overrides) -> Config:
         # so the ratio-is-1 check compares two different passes.
         ppo_epochs=2,
         kl_coef=0.0,
+        # In 2 tiny iterations every episode may end alike (no win), making every advantage 0;
+        # the entropy bonus keeps the gradient nonzero so that the update path is exercised.
+        entropy_coef=0.01,
         eval_every=0,
         cpu_threads=2,
         out_dir=str(tmp_path / "run"),
