@@ -176,7 +176,7 @@ def test_cli_against_transformers_serve(smollm2_server, tmp_path):
             "--group-size",
             "2",
             "--max-turns",
-            "1",  # two concurrent requests: the server batches them; more turns only cost time
+            "1",  # two concurrent requests; more turns only cost time
             "--max-tokens",
             "16",
             "--temperature",
