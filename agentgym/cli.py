@@ -15,37 +15,19 @@ agentgym serve AgentGym/Sokoban-v0 --port 8000                       an env over
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 import agentgym
+from agentgym.cli_args import int_at_least, resolve_env_id
 from agentgym.envs import ENTRIES, install_hint
-
-
-def int_at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: a whole number >= ``low``, checked before any work starts."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected a whole number >= {low}, got {text!r}"
-            ) from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return parse
-
+from agentgym.io import atomic_write_json
 
 _positive_int = int_at_least(1)
 
@@ -64,14 +46,6 @@ def _writable_file(text: str) -> str:
     return text
 
 
-def _write_json(path: str, payload: dict[str, Any]) -> None:
-    """Write JSON atomically: a temporary file in the same folder, then a rename."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
-    os.replace(tmp, path)
-
-
 def _make_env(env_id: str) -> gym.Env:
     """gym.make, turning missing data or packages into one line for the user, not a traceback."""
     try:
@@ -86,16 +60,6 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
     line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths, strict=True)).rstrip()  # noqa: E731
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
-
-
-def _resolve(env_id: str) -> str:
-    """Accept ``Sokoban-v0`` or a full id; exit with the known ids on a typo."""
-    ids = [e.id for e in ENTRIES]
-    if env_id in ids:
-        return env_id
-    if f"AgentGym/{env_id}" in ids:
-        return f"AgentGym/{env_id}"
-    sys.exit(f"agentgym: unknown env id {env_id!r}. Registered ids:\n  " + "\n  ".join(ids))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -136,7 +100,7 @@ def cmd_play(args: argparse.Namespace) -> int:
         import readline  # noqa: F401
     except ImportError:
         pass
-    env_id = _resolve(args.env_id)
+    env_id = resolve_env_id(args.env_id)
     # some ids load data or build indexes for seconds: say so before the wait
     print(f"loading {env_id} ...", file=sys.stderr, flush=True)
     env = _make_env(env_id)
@@ -216,7 +180,7 @@ def cmd_play(args: argparse.Namespace) -> int:
 
 def _rollout_ids(requested: list[str], include_real: bool) -> tuple[list[str], list[str]]:
     if requested and requested != ["all"]:
-        return [_resolve(i) for i in requested], []
+        return [resolve_env_id(i) for i in requested], []
     ids, skipped = [], []
     for e in ENTRIES:
         if not e.available():
@@ -332,7 +296,12 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         if s not in reported:
             print(f"FAILED {s}", file=sys.stderr)
     if args.json:
-        _write_json(args.json, {"reports": reports, "skipped": skipped, "failed": failed})
+        atomic_write_json(
+            args.json,
+            {"reports": reports, "skipped": skipped, "failed": failed},
+            indent=2,
+            default=str,
+        )
     return 1 if failed else 0
 
 
@@ -344,7 +313,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """
     from tqdm import tqdm
 
-    env_id = _resolve(args.env_id)
+    env_id = resolve_env_id(args.env_id)
     env = _make_env(env_id)
     env = env.unwrapped  # time the env, not gymnasium's checker wrappers
     rng = np.random.default_rng(args.seed)
@@ -401,7 +370,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         f"reset {result['reset_seconds_median'] * 1e3:.2f} ms (medians); random admissible actions"
     )
     if args.json:
-        _write_json(args.json, result)
+        atomic_write_json(args.json, result, indent=2, default=str)
     return 0
 
 

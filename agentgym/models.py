@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentgym.envs.cache import cache_dir
+from agentgym.io import replace_dir
 
 __all__ = [
     "KNOWN_MODELS",
@@ -170,9 +171,7 @@ def model_path(
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / _DONE_MARKER).write_text(f"converted from {gguf.name} ({source.description})\n")
-        if target.exists():  # an unfinished folder from an older layout: replace it
-            shutil.rmtree(target)
-        os.replace(staging, target)
+        replace_dir(staging, target)  # an unfinished folder from an older layout is replaced
         _say(f"saved {target} in {time.perf_counter() - started:.0f} s", quiet)
         return target
     finally:

@@ -34,13 +34,17 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from trainers.gigpo.advantage import compute_advantage, encode_state_keys
-from trainers.gigpo.advantage_reference import reference_advantage
+from agentgym.algorithms.advantage import compute_advantage, encode_state_keys
+
+# The loop reference lives with the estimators' tests (tests/algorithms/advantage_reference.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "algorithms"))
+from advantage_reference import reference_advantage  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "advantage.json"
 

@@ -46,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from agentgym.io import atomic_write_text
 from agentgym.retrieval.sparse import BM25Index
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bm25.json"
@@ -335,9 +336,7 @@ def main() -> None:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=2) + "\n")
-    os.replace(tmp, args.out)
+    atomic_write_text(args.out, json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {args.out}")
 
 

@@ -60,6 +60,7 @@ from tqdm import tqdm
 
 import agentgym  # noqa: F401 - registers the env ids
 from agentgym.algorithms.advantage import compute_advantage
+from agentgym.io import atomic_path, atomic_write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TASK = 7
@@ -289,9 +290,8 @@ def plot_curves(summary: dict, path: Path) -> None:
     ax.set_title("Corridor, same envs per iteration: median and min-max over seeds", fontsize=10)
     ax.legend()
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
 
 
 def run_curves(args: argparse.Namespace) -> dict:
@@ -344,9 +344,7 @@ def run_curves(args: argparse.Namespace) -> dict:
 def write(name: str, result: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / name
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1, default=str))
-    tmp.replace(path)  # a killed run never leaves half a JSON
+    atomic_write_json(path, result, indent=1, default=str)  # a kill never leaves half a JSON
     return path
 
 

@@ -22,6 +22,7 @@ import json
 import multiprocessing
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -30,8 +31,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from trainers.gigpo.config import Config
-from trainers.gigpo.train import train
+# The reference trainer is not installed with the package: run from a clone, import it from there.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainers.gigpo.config import Config  # noqa: E402
+from trainers.gigpo.train import train  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -48,9 +48,13 @@ from typing import Any
 
 import torch
 
-from trainers.gigpo.config import Config
-from trainers.gigpo.tiny import build_tokenizer, save_random_model
-from trainers.gigpo.train import env_texts, train
+# The reference trainer is not installed with the package: run from a clone, import it from there.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agentgym.io import atomic_write_text  # noqa: E402
+from trainers.gigpo.config import Config  # noqa: E402
+from trainers.gigpo.tiny import build_tokenizer, save_random_model  # noqa: E402
+from trainers.gigpo.train import env_texts, train  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_iteration.json"
 COMPARE_RESULTS = RESULTS.with_name("gpu_iteration_compare.json")
@@ -257,10 +261,8 @@ def main() -> None:
     }
     variants = ("reference", "fast") if args.compare else (args.variant,)
     result = run(args.env, args.device, variants, args.repeats, overrides=overrides, **shape)
-    tmp = args.out.with_name(args.out.name + ".tmp")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(args.out)
+    atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
     print(f"{result['model']['parameters'] / 1e9:.2f}B params on {result['device']}")
     for name, figures in result.get("variants", {variants[0]: result}).items():
         print(summary(name, figures))

@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,6 +35,7 @@ import ray
 from tqdm import tqdm
 
 import agentgym  # noqa: F401 - registers the ids
+from agentgym.io import atomic_write_json
 from agentgym.rollout import random_policy
 from agentgym.vector import GroupVectorEnv
 
@@ -186,10 +186,7 @@ def main() -> None:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # a killed run leaves the previous result intact: write aside, then replace
-    with tempfile.NamedTemporaryFile("w", dir=out.parent, suffix=".tmp", delete=False) as f:
-        json.dump(result, f, indent=2)
-    os.replace(f.name, out)
+    atomic_write_json(out, result, indent=2)  # a killed run leaves the previous result intact
     print(json.dumps({"median": med, "ratios": result["ratios"]}, indent=2))
 
 

@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from agentgym.io import atomic_write_text
 from agentgym.retrieval.build import build_index
-from agentgym.retrieval.corpus import atomic_write
 from agentgym.retrieval.dense import DenseIndex
 from agentgym.retrieval.encoder import Encoder
 from agentgym.retrieval.synthetic import (
@@ -327,7 +327,7 @@ def main() -> None:
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / ("retrieval_build_gpu.json" if args.gpu else "retrieval_build.json")
-    atomic_write(path, json.dumps(payload, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(payload, indent=2) + "\n")
     print(json.dumps({k: v for k, v in payload.items() if k not in ("machine",)}, indent=1)[:4000])
     print(f"-> {path}")
 

@@ -79,6 +79,8 @@ import numpy as np
 from fastapi import FastAPI
 from pydantic import BaseModel
 
+from agentgym.io import atomic_write_text
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 SHARED_DATA = Path(os.environ.get("AGENTGYM_SHARED_DATA", HERE.parent.parent / "shared" / "data"))
@@ -129,7 +131,7 @@ def prepare(name: str, passages: int, cache: Path) -> Path:
             BM25Retriever.from_documents(_documents(passages), show_progress=True).index.save(path)
             print(f"bm25: indexed {passages:,} passages in {time.perf_counter() - t0:.1f} s")
         return path
-    from agentgym.retrieval.corpus import atomic_save_npy
+    from agentgym.io import atomic_save_npy
     from agentgym.retrieval.encoder import Encoder
 
     dim = Encoder(_encoder_path(name, cache), device="cpu").dim
@@ -648,9 +650,7 @@ def main() -> None:
         "response_encoding_us": encoding,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp, args.out)
+    atomic_write_text(args.out, json.dumps(report, indent=2) + "\n")
 
     print("\nbatched queries/s over each other mode's:")
     for r in ratios:

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from agentgym.io import atomic_write_text
+
 RESULTS = Path(__file__).resolve().parent / "results" / "searchqa.json"
 
 
@@ -247,9 +249,7 @@ def main() -> int:
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(report, indent=1) + "\n")
-    os.replace(tmp_out, args.out)
+    atomic_write_text(args.out, json.dumps(report, indent=1) + "\n")
     _print_table(results)
     return 0
 

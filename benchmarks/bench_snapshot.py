@@ -48,6 +48,7 @@ import numpy as np
 from tqdm import tqdm
 
 import agentgym
+from agentgym.io import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parent / "results" / "snapshot.json"
 
@@ -226,9 +227,7 @@ def main() -> None:
     }
     out["timer_overhead_us"] = round(per_call_us(lambda: None, 10_000), 3)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(out, indent=2) + "\n")
-    os.replace(tmp, args.out)  # a killed run never leaves half a file
+    atomic_write_text(args.out, json.dumps(out, indent=2) + "\n")  # a kill leaves no half file
 
     cols = ("snapshot", "restore", "restore_other_task", "pickle_round_trip", "step")
     cols += ("step_after_restore", "replay", "deepcopy")

@@ -53,6 +53,8 @@ from pathlib import Path
 
 import numpy as np
 
+from agentgym.io import atomic_write_text
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("AGENTGYM_SHARED_DATA", REPO / ".." / "shared" / "data"))
 INVALID = ["click[nothing here]", "buy[now]", "search[]", "click[search]"]
@@ -541,9 +543,7 @@ def main() -> None:
         else:
             results["vs_stock"] = "skipped: pass --webshop-src (a WebShop checkout)"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = Path(args.out).with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(results, indent=2) + "\n")
-    os.replace(tmp_out, args.out)
+    atomic_write_text(args.out, json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
 
 

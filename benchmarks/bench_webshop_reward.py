@@ -51,6 +51,7 @@ from tqdm.auto import tqdm
 from agentgym.envs.webshop.data import CATALOGUE_FILES, load_catalogue
 from agentgym.envs.webshop.nouns import FallbackNouns, SpacyNouns
 from agentgym.envs.webshop.reward import webshop_reward
+from agentgym.io import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parent / "results" / "webshop_reward.json"
 SHARED_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
@@ -241,9 +242,7 @@ def main() -> None:
         }
 
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = RESULTS.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp_out, RESULTS)
+    atomic_write_text(RESULTS, json.dumps(result, indent=2) + "\n")
 
     print(f"\n{len(compared)} compared purchases, {n} timed")
     for key in ("fidelity_vs_webshop", "reward_changed_vs_model"):

@@ -65,6 +65,7 @@ from agentgym.integrations.verl import (
     compute_gigpo_advantage,
     episode_spec,
 )
+from agentgym.io import atomic_path
 
 AGENT_LOOP_YAML = f"""- name: {AGENT_NAME}
   _target_: agentgym.integrations.verl.AgentGymAgentLoop
@@ -199,9 +200,8 @@ def write_data(args: argparse.Namespace) -> None:
         rows = build_dataset(
             args.env, count, first_seed=first, split=args.split, env_kwargs=env_kwargs
         )
-        tmp = out / f".{name}.parquet.tmp"
-        pd.DataFrame(rows).to_parquet(tmp)
-        tmp.replace(out / f"{name}.parquet")  # a killed run leaves no half-written file
+        with atomic_path(out / f"{name}.parquet") as tmp:  # a kill leaves no half-written file
+            pd.DataFrame(rows).to_parquet(tmp)
         print(f"wrote {out / f'{name}.parquet'} ({count} tasks)")
     (out / "agent_loop.yaml").write_text(
         AGENT_LOOP_YAML.format(max_turn_tokens=args.max_turn_tokens)

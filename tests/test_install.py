@@ -93,3 +93,58 @@ def test_missing_extra_through_the_command_is_one_line(tmp_path):
     assert out.returncode != 0
     assert "Traceback" not in out.stderr, out.stderr
     assert f"{DISTRIBUTION}[alfworld]" in out.stderr
+
+
+def test_wheel_ships_type_hints_and_only_the_library(tmp_path):
+    """The built wheel holds agentgym (py.typed included, so type checkers read its hints) and
+    no top-level ``trainers`` package, a generic name other distributions use."""
+    import shutil
+    import zipfile
+
+    # build from a copy: an in-tree build would leave build/ and *.egg-info in the clone
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("agentgym", "trainers"):  # trainers/ is there, as in a clone, to be left out
+        shutil.copytree(ROOT / name, src / name, ignore=ignore)
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         str(src), "-w", str(tmp_path / "dist")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "agentgym/py.typed" in names
+    assert not [n for n in names if n.split("/")[0] == "trainers"]
+    # and nothing of the library is lost on the way (e.g. a subpackage without __init__.py)
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "agentgym").rglob("*.py")}
+    assert modules <= names, sorted(modules - names)
+
+
+@pytest.mark.parametrize(
+    ("blocked", "code", "extra"),
+    [
+        ("ray", "GroupVectorEnv('AgentGym/Corridor-v0', 1, 2, backend='ray')", "ray"),
+        ("trl", "import agentgym.integrations.trl as m; m._require_trl()", "trl"),
+        ("openenv", "import agentgym.integrations.openenv", "openenv"),
+        ("matplotlib", "from trainers.gigpo.plot import plot_history; plot_history([], 'x.png')",
+         "train"),
+    ],
+)  # fmt: skip
+def test_every_optional_import_reports_the_same_way(blocked, code, extra, tmp_path):
+    # one error class and one hint, whichever part of the project needs the package
+    script = (
+        f"import sys; sys.modules[{blocked!r}] = None\n"
+        "from agentgym import GroupVectorEnv\n"
+        "from agentgym.extras import MissingExtra\n"
+        f"try:\n    {code}\nexcept MissingExtra as e:\n    print(e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("\n") == 1, out.stdout
+    assert f'pip install "{DISTRIBUTION}[{extra}]"' in out.stdout

@@ -1,27 +1,47 @@
 """Advantage estimators for multi-turn agent RL, shared by every trainer that consumes agentgym.
 
 :mod:`agentgym.algorithms.advantage` holds the one implementation of GRPO and GiGPO (arXiv
-2505.10978): the bundled trainer (``trainers/gigpo``) and the library adapters (e.g. the verl
-estimator in :mod:`agentgym.integrations.verl`) all import it from here. Pure numpy; torch is
-imported only by :func:`~agentgym.algorithms.advantage.token_advantages`.
+2505.10978), RLOO, SLATE and CW-GRPO: the bundled trainer (``trainers/gigpo``) and the library
+adapters (e.g. the verl estimator in :mod:`agentgym.integrations.verl`) all import it from here.
+Each estimator is registered by name with its own options dataclass and the per-row inputs it
+reads (:func:`advantage_estimator`). Pure numpy; torch is imported only by
+:func:`~agentgym.algorithms.advantage.token_advantages`.
 """
 
 from agentgym.algorithms.advantage import (
+    EPISODE_STATS,
+    NORMS,
+    ROW_INPUTS,
     AdvantageConfig,
     AdvantageResult,
+    CWGRPOConfig,
+    EpisodeGroupConfig,
+    Estimator,
+    GiGPOConfig,
+    advantage_estimator,
     available_advantages,
     compute_advantage,
     encode_state_keys,
     register_advantage,
     token_advantages,
+    unregister_advantage,
 )
 
 __all__ = [
+    "EPISODE_STATS",
+    "NORMS",
+    "ROW_INPUTS",
     "AdvantageConfig",
     "AdvantageResult",
+    "CWGRPOConfig",
+    "EpisodeGroupConfig",
+    "Estimator",
+    "GiGPOConfig",
+    "advantage_estimator",
     "available_advantages",
     "compute_advantage",
     "encode_state_keys",
     "register_advantage",
     "token_advantages",
+    "unregister_advantage",
 ]

@@ -44,8 +44,11 @@ pass (:func:`encode_state_keys`), rows are placed in (trajectory, step) order by
 group statistics are segment reductions (``np.bincount``), and discounted returns are one reversed
 cumulative sum (with an exact log-depth scan when that would lose precision).
 
-Estimators are registered by name (``@register_advantage("gigpo")``) and chosen by
-:func:`compute_advantage`; :func:`token_advantages` broadcasts row advantages to response tokens.
+Estimators are registered by name (``@register_advantage("gigpo", options=GiGPOConfig,
+inputs=("state_keys",))``), each with its own options dataclass and the per-row inputs it reads
+beyond the common rows, and chosen by :func:`compute_advantage`, which accepts for an estimator
+exactly the options and inputs it declares (:func:`advantage_estimator` says which);
+:func:`token_advantages` broadcasts row advantages to response tokens.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -62,11 +65,19 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "EPISODE_STATS",
     "EPSILON",
+    "NORMS",
+    "ROW_INPUTS",
     "SIZE_BUCKETS",
     "AdvantageBatch",
     "AdvantageConfig",
     "AdvantageResult",
+    "CWGRPOConfig",
+    "EpisodeGroupConfig",
+    "Estimator",
+    "GiGPOConfig",
+    "advantage_estimator",
     "available_advantages",
     "compute_advantage",
     "encode_state_keys",
@@ -75,6 +86,7 @@ __all__ = [
     "step_advantage",
     "step_group_stats",
     "token_advantages",
+    "unregister_advantage",
 ]
 
 EPSILON = 1e-6
@@ -82,8 +94,13 @@ EPSILON = 1e-6
 
 Norm = Literal["mean_norm", "mean_std_norm"]
 EpisodeStatsOver = Literal["trajectories", "steps"]
-_NORMS = ("mean_norm", "mean_std_norm")
-_EPISODE_STATS = ("trajectories", "steps")
+NORMS: tuple[str, ...] = ("mean_norm", "mean_std_norm")
+"""the values of ``norm``"""
+EPISODE_STATS: tuple[str, ...] = ("trajectories", "steps")
+"""the values of ``episode_stats_over``"""
+ROW_INPUTS: tuple[str, ...] = ("state_keys", "branch_ids", "contributions")
+"""per-row inputs beyond the common rows that an estimator may declare (see
+:func:`compute_advantage`); ``state_keys`` is accepted by every estimator (step-group stats)"""
 
 SIZE_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
     ("1", 1, 1),
@@ -120,24 +137,66 @@ _EPS64 = float(np.finfo(np.float64).eps)
 
 @dataclass(frozen=True)
 class AdvantageConfig:
-    """Hyper-parameters shared by the estimators; defaults are the paper's."""
+    """Options every estimator takes; defaults are the paper's. Each estimator's own options
+    dataclass extends it (:class:`EpisodeGroupConfig`, :class:`GiGPOConfig`,
+    :class:`CWGRPOConfig`); construction checks the values."""
 
     gamma: float = 0.95
     """discount for step returns, Eq. 5 (``R_t = r_t + gamma * R_{t+1}``)"""
-    omega: float = 1.0
-    """weight of the step advantage, Eq. 8"""
     norm: Norm = "mean_norm"
     """``mean_norm`` subtracts the group mean; ``mean_std_norm`` also divides by std + epsilon"""
     invalid_penalty: float = 0.1
     """subtracted from an invalid step's episode score and discounted return"""
-    episode_stats_over: EpisodeStatsOver = "trajectories"
-    """episode-group statistics over one value per trajectory, or over every step row"""
     epsilon: float = EPSILON
     """added to the standard deviation in ``mean_std_norm``"""
+
+    def __post_init__(self) -> None:
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+
+
+@dataclass(frozen=True)
+class EpisodeGroupConfig(AdvantageConfig):
+    """Options of the estimators built on the episode-level group advantage (Eq. 3): GRPO."""
+
+    episode_stats_over: EpisodeStatsOver = "trajectories"
+    """episode-group statistics over one value per trajectory, or over every step row"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.episode_stats_over not in EPISODE_STATS:
+            raise ValueError(
+                f"episode_stats_over must be one of {EPISODE_STATS}, "
+                f"got {self.episode_stats_over!r}"
+            )
+
+
+@dataclass(frozen=True)
+class GiGPOConfig(EpisodeGroupConfig):
+    """GiGPO's options: the episode-group ones plus the step advantage's weight."""
+
+    omega: float = 1.0
+    """weight of the step advantage, Eq. 8"""
+
+
+@dataclass(frozen=True)
+class CWGRPOConfig(EpisodeGroupConfig):
+    """CW-GRPO's options: the episode-group ones plus the sharpness of the round weights."""
+
     contribution_gamma: float = math.inf
     """CW-GRPO's gamma (> 0): ``inf`` weighs a trajectory's rounds in proportion to their judge
     contributions; a finite value takes a softmax of ``gamma * contribution`` (sharper as it
     grows)"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.contribution_gamma > 0.0:  # NaN fails too
+            raise ValueError(
+                f"contribution_gamma must be > 0 (math.inf for weights proportional to the "
+                f"contributions, a finite value for a softmax), got {self.contribution_gamma}"
+            )
 
 
 @dataclass(frozen=True)
@@ -348,29 +407,91 @@ class AdvantageBatch:
         return self._step_group_count
 
 
-EstimatorFn = Callable[[AdvantageBatch, AdvantageConfig], AdvantageResult]
-_ESTIMATORS: dict[str, EstimatorFn] = {}
+EstimatorFn = Callable[[AdvantageBatch, Any], AdvantageResult]
 
 
-def register_advantage(name: str) -> Callable[[EstimatorFn], EstimatorFn]:
-    """Register an estimator ``fn(batch: AdvantageBatch, config: AdvantageConfig)`` by name.
+@dataclass(frozen=True)
+class Estimator:
+    """A registered estimator: its function, its options dataclass and the inputs it reads."""
 
-    ``compute_advantage(name, ...)`` validates the rows, builds the :class:`AdvantageBatch`
-    (codes, ordering, discounted returns) once and calls the estimator registered as ``name``.
+    name: str
+    fn: EstimatorFn
+    """``fn(batch: AdvantageBatch, options) -> AdvantageResult``"""
+    options: type[AdvantageConfig]
+    """the dataclass of its options (an :class:`AdvantageConfig` subclass, or that class)"""
+    inputs: tuple[str, ...]
+    """per-row inputs (from :data:`ROW_INPUTS`) it needs beyond the common rows"""
+
+    def option_names(self) -> tuple[str, ...]:
+        """The keyword options :func:`compute_advantage` accepts for this estimator."""
+        return tuple(f.name for f in fields(self.options))
+
+    def make_options(self, **options: Any) -> AdvantageConfig:
+        """This estimator's options from keywords, checked; an unknown name raises ValueError
+        naming the options it takes."""
+        unknown = sorted(set(options) - set(self.option_names()))
+        if unknown:
+            raise ValueError(
+                f"advantage estimator {self.name!r} takes no option "
+                f"{', '.join(map(repr, unknown))}; its options are: "
+                f"{', '.join(self.option_names())}"
+            )
+        return self.options(**options)
+
+
+_ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register_advantage(
+    name: str,
+    *,
+    options: type[AdvantageConfig] = AdvantageConfig,
+    inputs: Sequence[str] = (),
+) -> Callable[[EstimatorFn], EstimatorFn]:
+    """Register an estimator ``fn(batch: AdvantageBatch, options) -> AdvantageResult`` by name.
+
+    ``options``: the frozen dataclass of its options (:class:`AdvantageConfig` or a subclass);
+    ``compute_advantage(name, ...)`` accepts exactly its fields as keywords and passes ``fn`` an
+    instance. ``inputs``: the per-row inputs of :data:`ROW_INPUTS` that ``fn`` reads (from the
+    batch: ``batch.state_keys`` codes, ``batch.branch_ids``, ``batch.contributions``), which
+    :func:`compute_advantage` then requires; a caller (a trainer) builds just those. The rows
+    are validated and the :class:`AdvantageBatch` (codes, ordering, discounted returns) built
+    once, before ``fn`` runs.
     """
+    unknown = sorted(set(inputs) - set(ROW_INPUTS))
+    if unknown:
+        raise ValueError(f"unknown estimator inputs {unknown}; choose from {ROW_INPUTS}")
+    if not (isinstance(options, type) and issubclass(options, AdvantageConfig)):
+        raise TypeError("options must be AdvantageConfig or a dataclass subclass of it")
 
     def decorator(fn: EstimatorFn) -> EstimatorFn:
-        if name in _ESTIMATORS and _ESTIMATORS[name] is not fn:
+        if name in _ESTIMATORS and _ESTIMATORS[name].fn is not fn:
             raise ValueError(f"an advantage estimator is already registered as {name!r}")
-        _ESTIMATORS[name] = fn
+        _ESTIMATORS[name] = Estimator(name, fn, options, tuple(inputs))
         return fn
 
     return decorator
 
 
+def unregister_advantage(name: str) -> None:
+    """Remove the estimator registered as ``name`` (a no-op if there is none)."""
+    _ESTIMATORS.pop(name, None)
+
+
 def available_advantages() -> list[str]:
     """Names accepted by :func:`compute_advantage`."""
     return sorted(_ESTIMATORS)
+
+
+def advantage_estimator(name: str) -> Estimator:
+    """The estimator registered as ``name``: its options (:meth:`Estimator.option_names`) and
+    inputs. Raises ValueError naming the registered estimators if there is none."""
+    try:
+        return _ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; registered: {', '.join(available_advantages())}"
+        ) from None
 
 
 def compute_advantage(
@@ -380,17 +501,9 @@ def compute_advantage(
     traj_ids: Any,
     step_ids: Any,
     rewards: Any,
-    state_keys: Sequence[Hashable] | np.ndarray | None,
     invalid: Any,
-    gamma: float = 0.95,
-    omega: float = 1.0,
-    norm: Norm = "mean_norm",
-    invalid_penalty: float = 0.1,
-    episode_stats_over: EpisodeStatsOver = "trajectories",
-    epsilon: float = EPSILON,
-    branch_ids: Any = None,
-    contributions: Any = None,
-    contribution_gamma: float = math.inf,
+    state_keys: Sequence[Hashable] | np.ndarray | None = None,
+    **options_and_inputs: Any,
 ) -> AdvantageResult:
     """Advantages for a batch of flat rows, one row per (trajectory, step), rows in any order.
 
@@ -402,58 +515,55 @@ def compute_advantage(
         traj_ids: int (N,): the trajectory of the row (unique within its group at least).
         step_ids: int (N,): the step's index in its trajectory; only their order matters.
         rewards: float (N,): the env reward of the step.
+        invalid: bool (N,): the action was invalid (``not Step.action_valid``).
         state_keys: (N,) hashables (list/tuple, or a numpy array; int codes from
             :func:`encode_state_keys` are fastest): the anchor state the action was taken from
-            (``Step.state_key``). Required by GiGPO; GRPO only reports step-group stats from it.
-        invalid: bool (N,): the action was invalid (``not Step.action_valid``).
-        gamma: discount of step returns (Eq. 5).
-        omega: weight of the step advantage (Eq. 8).
-        norm: ``"mean_norm"`` or ``"mean_std_norm"``, at both levels.
-        invalid_penalty: subtracted from an invalid step's scores (see the module docstring).
-        episode_stats_over: ``"trajectories"`` (paper) or ``"steps"`` (verl-agent default).
-        epsilon: added to the std in ``mean_std_norm``.
-        branch_ids: int (N,), SLATE only: the branch group of a row taken at a branch point
-            (the k sibling continuations of one prefix share it, and act from the same
-            snapshot), -1 for rows that are not branch-step samples.
-        contributions: float (N,) in [0, 1], CW-GRPO only: the judge's contribution score of
-            each round (see :mod:`agentgym.algorithms.judges`).
-        contribution_gamma: CW-GRPO only, the paper's gamma, > 0: ``math.inf`` (the default, as
-            in the authors' runs) weighs the rounds in proportion to their contributions; a
-            finite value weighs them by ``softmax(gamma * contributions)``.
+            (``Step.state_key``). An input of GiGPO; the others only report step-group stats
+            from it.
+        **options_and_inputs: the estimator's options (the fields of its options dataclass)
+            and the other per-row inputs it declares:
+
+            * every estimator: ``gamma`` (discount of step returns, Eq. 5), ``norm``
+              (``"mean_norm"`` or ``"mean_std_norm"``, at every level), ``invalid_penalty``
+              (subtracted from an invalid step's scores, see the module docstring),
+              ``epsilon`` (added to the std in ``mean_std_norm``);
+            * ``gigpo``, ``grpo``, ``cw_grpo``: ``episode_stats_over``, ``"trajectories"``
+              (paper) or ``"steps"`` (verl-agent default);
+            * ``gigpo``: ``omega``, the weight of the step advantage (Eq. 8);
+            * ``slate``: input ``branch_ids``, int (N,): the branch group of a row taken at a
+              branch point (the k sibling continuations of one prefix share it, and act from
+              the same snapshot), -1 for rows that are not branch-step samples;
+            * ``cw_grpo``: input ``contributions``, float (N,) in [0, 1]: the judge's
+              contribution score of each round (see :mod:`agentgym.algorithms.judges`); option
+              ``contribution_gamma``, the paper's gamma, > 0: ``math.inf`` (the default, as in
+              the authors' runs) weighs the rounds in proportion to their contributions; a
+              finite value weighs them by ``softmax(gamma * contributions)``.
 
     Returns:
         :class:`AdvantageResult`; ``advantages`` float32 (N,) in the caller's row order.
 
     Raises:
-        ValueError: unknown name/norm/option, arrays of different lengths, non-finite rewards,
-            or a (trajectory, step) pair given twice.
+        ValueError: unknown name, an option or input the estimator does not take (the message
+            lists those it does), a missing input, a bad option value, arrays of different
+            lengths, non-finite rewards, or a (trajectory, step) pair given twice.
     """
-    if name not in _ESTIMATORS:
+    estimator = advantage_estimator(name)
+    inputs = {k: options_and_inputs.pop(k) for k in ROW_INPUTS[1:] if k in options_and_inputs}
+    stray = sorted(set(inputs) - set(estimator.inputs))
+    if stray:
+        takes = ", ".join(estimator.inputs) or "none"
         raise ValueError(
-            f"unknown advantage estimator {name!r}; registered: {', '.join(available_advantages())}"
+            f"advantage estimator {name!r} does not read {', '.join(stray)}; "
+            f"its per-row inputs beyond the common rows: {takes}"
         )
-    if norm not in _NORMS:
-        raise ValueError(f"norm must be one of {_NORMS}, got {norm!r}")
-    if episode_stats_over not in _EPISODE_STATS:
-        raise ValueError(
-            f"episode_stats_over must be one of {_EPISODE_STATS}, got {episode_stats_over!r}"
-        )
-    if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
-    if not contribution_gamma > 0.0:  # NaN fails too
-        raise ValueError(
-            f"contribution_gamma must be > 0 (math.inf for weights proportional to the "
-            f"contributions, a finite value for a softmax), got {contribution_gamma}"
-        )
-    config = AdvantageConfig(
-        gamma=float(gamma),
-        omega=float(omega),
-        norm=norm,
-        invalid_penalty=float(invalid_penalty),
-        episode_stats_over=episode_stats_over,
-        epsilon=float(epsilon),
-        contribution_gamma=float(contribution_gamma),
-    )
+    for needed in estimator.inputs:
+        given = state_keys if needed == "state_keys" else inputs.get(needed)
+        if given is None:
+            raise ValueError(
+                f"advantage estimator {name!r} needs {needed}: "
+                + _INPUT_HINTS.get(needed, "one value per row")
+            )
+    options = estimator.make_options(**options_and_inputs)
     batch = AdvantageBatch(
         group_ids=group_ids,
         traj_ids=traj_ids,
@@ -461,11 +571,20 @@ def compute_advantage(
         rewards=rewards,
         state_keys=state_keys,
         invalid=invalid,
-        config=config,
-        branch_ids=branch_ids,
-        contributions=contributions,
+        config=options,
+        branch_ids=inputs.get("branch_ids"),
+        contributions=inputs.get("contributions"),
     )
-    return _ESTIMATORS[name](batch, config)
+    return estimator.fn(batch, options)
+
+
+# What each input is, for the error that says an estimator needs it.
+_INPUT_HINTS = {
+    "state_keys": "one anchor state per row (Step.state_key)",
+    "branch_ids": "the branch group of every branch-step row, -1 elsewhere "
+    "(the trainer's --rollout tree or stepwise provides them)",
+    "contributions": "a judge score in [0, 1] per row (see agentgym.algorithms.judges)",
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,7 +592,7 @@ def compute_advantage(
 # ---------------------------------------------------------------------------------------------
 
 
-def episode_advantage(batch: AdvantageBatch, config: AdvantageConfig) -> np.ndarray:
+def episode_advantage(batch: AdvantageBatch, config: EpisodeGroupConfig) -> np.ndarray:
     """Episode-level group advantage (Eq. 3), float64 (N,).
 
     A row's score is its trajectory's total reward less the row's invalid-action penalty,
@@ -540,8 +659,8 @@ def step_advantage(batch: AdvantageBatch, config: AdvantageConfig) -> np.ndarray
     return centred / (std[codes] + config.epsilon)
 
 
-@register_advantage("gigpo")
-def gigpo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
+@register_advantage("gigpo", options=GiGPOConfig, inputs=("state_keys",))
+def gigpo(batch: AdvantageBatch, config: GiGPOConfig) -> AdvantageResult:
     """GiGPO: ``A = A_episode + omega * A_step`` (Eq. 8)."""
     a_episode = episode_advantage(batch, config)
     a_step = step_advantage(batch, config)
@@ -567,8 +686,8 @@ def _episode_only(batch: AdvantageBatch, a_episode: np.ndarray) -> AdvantageResu
     )
 
 
-@register_advantage("grpo")
-def grpo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
+@register_advantage("grpo", options=EpisodeGroupConfig)
+def grpo(batch: AdvantageBatch, config: EpisodeGroupConfig) -> AdvantageResult:
     """GRPO for multi-turn agents as verl-agent runs it: every step row of a trajectory gets the
     trajectory's episode advantage (undiscounted outcome, group-normalised); no step term.
 
@@ -579,7 +698,7 @@ def grpo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
     return _episode_only(batch, a_episode)
 
 
-@register_advantage("rloo")
+@register_advantage("rloo", options=AdvantageConfig)
 def rloo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
     """RLOO (REINFORCE leave-one-out: Kool et al. 2019; Ahmadian et al. 2024).
 
@@ -589,7 +708,7 @@ def rloo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
     gets ``A_i`` less its own invalid-action penalty (the same per-row charge as GRPO).
     ``norm="mean_std_norm"`` divides by the group's sample std of ``R`` + epsilon. A group of
     one trajectory has no other trajectory: its baseline is 0 (the advantage is ``R_i``).
-    ``episode_stats_over`` does not apply (the baseline is over trajectories by definition).
+    It takes no ``episode_stats_over`` (the baseline is over trajectories by definition).
     """
     num, traj_group, ret = batch.num_groups, batch.traj_group, batch.episode_return
     used = batch.traj_length > 0
@@ -611,7 +730,7 @@ def rloo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
     return _episode_only(batch, a_episode)
 
 
-@register_advantage("slate")
+@register_advantage("slate", options=AdvantageConfig, inputs=("branch_ids",))
 def slate(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
     """SLATE's truncated step-level sampling (arXiv 2602.23440): advantages within branch groups.
 
@@ -660,8 +779,8 @@ def slate(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
     )
 
 
-@register_advantage("cw_grpo")
-def cw_grpo(batch: AdvantageBatch, config: AdvantageConfig) -> AdvantageResult:
+@register_advantage("cw_grpo", options=CWGRPOConfig, inputs=("contributions",))
+def cw_grpo(batch: AdvantageBatch, config: CWGRPOConfig) -> AdvantageResult:
     """CW-GRPO: Contribution-Weighted GRPO (arXiv 2604.14267), a judge's per-round scores share
     each successful trajectory's GRPO credit among its rounds before the answer round.
 

@@ -18,22 +18,9 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-#: The name agentgym is published under on the package index (``agentgym`` there is an
-#: unrelated project); install hints name it.
-DISTRIBUTION = "agentgym-envs"
-
-
-def install_hint(extra: str) -> str:
-    """The command that installs an optional extra: what works today first (an editable
-    install in a clone; the distribution is not on the package index yet), then the index's."""
-    return (
-        f'pip install -e ".[{extra}]" in a clone of agentgym '
-        f'(once published: pip install "{DISTRIBUTION}[{extra}]")'
-    )
-
-
-class MissingExtra(ImportError):
-    """An env id needs optional packages that are not installed; the message names the extra."""
+# re-exported: the registry's errors and hints, defined where every subpackage can import them
+from agentgym.extras import DISTRIBUTION as DISTRIBUTION
+from agentgym.extras import MissingExtra, install_hint
 
 
 @dataclass(frozen=True)

@@ -19,31 +19,17 @@ import asyncio
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from agentgym.cli_args import int_at_least, resolve_env_id
+from agentgym.io import atomic_write_json
+
 __all__ = ["add_parser", "cmd_eval", "cmd_models", "main"]
 
 
-def _resolve(env_id: str) -> str:
-    """Accept ``Sokoban-v0`` or a full id; raise ``KeyError`` listing the known ids otherwise."""
-    from agentgym.envs import ENTRIES, entry
-
-    if f"AgentGym/{env_id}" in {e.id for e in ENTRIES}:
-        return f"AgentGym/{env_id}"
-    return entry(env_id).id
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
+_positive_int = int_at_least(1)
 
 
 def _non_negative_int(text: str) -> int:
@@ -90,18 +76,6 @@ def _task_ids(text: str) -> list[int | str]:
     if not out:
         raise argparse.ArgumentTypeError("expected comma-separated task indices or ids")
     return out
-
-
-def _write_json_atomic(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _say(message: str) -> None:
@@ -186,7 +160,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from agentgym.models import ModelNotAvailable
 
     try:
-        env_ids = [_resolve(e) for e in args.env_ids]
+        env_ids = [resolve_env_id(e) for e in args.env_ids]
     except KeyError as exc:
         _say(f"error: {exc.args[0]}")
         return 2
@@ -282,7 +256,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(format_table(env_id, summary))
     if fatal:
         results["error"] = fatal
-    _write_json_atomic(out_dir / "results.json", results)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / "results.json", results, indent=2, default=str)
     if interrupted:
         _say(
             f"interrupted: wrote the {len(finished)} of {len(specs)} episodes that finished to "

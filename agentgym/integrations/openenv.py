@@ -49,7 +49,7 @@ from typing import Any
 import gymnasium as gym
 
 from agentgym.core import INFO_KEYS, ResetOptionError
-from agentgym.envs import MissingExtra, install_hint
+from agentgym.extras import missing_extra
 
 try:
     from openenv.core.client_types import StepResult
@@ -57,9 +57,7 @@ try:
     from openenv.core.env_server.interfaces import Environment
     from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 except ImportError as exc:  # one line naming the extra, not a traceback into openenv
-    raise MissingExtra(
-        f"agentgym.integrations.openenv needs openenv, not installed: {install_hint('openenv')}"
-    ) from exc
+    raise missing_extra("agentgym.integrations.openenv", "openenv", "openenv") from exc
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 

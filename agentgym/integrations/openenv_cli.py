@@ -18,16 +18,7 @@ import argparse
 import json
 import sys
 
-from agentgym.cli import int_at_least
-
-
-def _resolve(env_id: str) -> str:
-    """Accept ``Sokoban-v0`` or a full id; raise ``KeyError`` listing the known ids otherwise."""
-    from agentgym.envs import ENTRIES, entry
-
-    if f"AgentGym/{env_id}" in {e.id for e in ENTRIES}:
-        return f"AgentGym/{env_id}"
-    return entry(env_id).id
+from agentgym.cli_args import int_at_least, resolve_env_id
 
 
 def _session_timeout(text: str) -> float | None:
@@ -64,7 +55,7 @@ def _env_kwargs(text: str) -> dict:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Check everything that can fail in one line, then serve until Ctrl-C."""
     try:
-        env_id = _resolve(args.env_id)
+        env_id = resolve_env_id(args.env_id)
         # OpenEnv's server imports gradio, which alone takes seconds: say so before it starts
         print(
             f"agentgym serve: starting {env_id}: loading OpenEnv's server...",

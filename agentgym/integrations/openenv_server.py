@@ -43,15 +43,13 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from agentgym.core import ResetOptionError
-from agentgym.envs import MissingExtra, install_hint
+from agentgym.extras import missing_extra
 
 try:
     from openenv.core.env_server.http_server import HTTPEnvServer
     from openenv.core.env_server.types import ConcurrencyConfig
 except ImportError as exc:  # one line naming the extra, not a traceback into openenv
-    raise MissingExtra(
-        f"agentgym serve needs openenv, not installed: {install_hint('openenv')}"
-    ) from exc
+    raise missing_extra("agentgym serve", "openenv", "openenv") from exc
 
 from agentgym.integrations.openenv import (
     AgentGymAction,
@@ -395,7 +393,7 @@ def create_app(
     :class:`~agentgym.integrations.openenv.ServedEnvironment`).
 
     One env is built and reset here, so that a bad id, missing packages or missing data fail now
-    in one message (``KeyError``, :class:`agentgym.envs.MissingExtra`, ``FileNotFoundError``),
+    in one message (``KeyError``, :class:`agentgym.extras.MissingExtra`, ``FileNotFoundError``),
     and so that the family's shared data (catalogues, indexes) is loaded once, before concurrent
     sessions could race to load it.
     """

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
+from agentgym.extras import missing_extra
 from agentgym.integrations.chat import EPISODE, ChatTurns
 from agentgym.vector import GroupVectorEnv, Step, Trajectory
 from agentgym.wrappers.llm import FORMAT_INSTRUCTIONS, ParseActions, parse_action
@@ -75,7 +76,6 @@ __all__ = [
     "env_return_reward",
 ]
 
-INSTALL_HINT = 'pip install "agentgym-envs[trl]"'
 logger = logging.getLogger(__name__)
 
 #: Dataset columns (and keys of the prompt's last message) naming a row's task, reset seed and split.
@@ -95,9 +95,7 @@ def _require_trl() -> None:
         import datasets  # noqa: F401
         import trl  # noqa: F401
     except ImportError as exc:
-        raise ImportError(
-            f"agentgym.integrations.trl needs TRL ({exc.name} is missing): {INSTALL_HINT}"
-        ) from None
+        raise missing_extra("agentgym.integrations.trl", exc.name or "TRL", "trl") from None
 
 
 # ----------------------------------------------------------------------------------------------

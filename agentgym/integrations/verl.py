@@ -52,7 +52,8 @@ from uuid import uuid4
 
 import numpy as np
 
-from agentgym.algorithms.advantage import AdvantageConfig, compute_advantage
+from agentgym.algorithms.advantage import advantage_estimator, compute_advantage
+from agentgym.extras import missing_extra
 from agentgym.integrations.chat import EPISODE, MODES, PER_TURN, ChatTurns
 from agentgym.wrappers.llm import make_llm_env
 
@@ -63,7 +64,6 @@ __all__ = [
     "AGENT_NAME",
     "ESTIMATOR_NAME",
     "EXTRA_KEYS",
-    "INSTALL_HINT",
     "Episode",
     "EpisodeRunner",
     "LocalHFServer",
@@ -77,7 +77,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = 'pip install "agentgym-envs[verl]"'
 AGENT_NAME = "agentgym_agent"
 """the agent loop's name in verl's registry (``rollout.agent.default_agent_loop``)"""
 ESTIMATOR_NAME = "agentgym_gigpo"
@@ -107,9 +106,7 @@ def _require_verl() -> None:
         import verl.experimental.agent_loop.agent_loop  # noqa: F401
         import verl.trainer.ppo.core_algos  # noqa: F401
     except ImportError as exc:
-        raise ImportError(
-            f"agentgym.integrations.verl needs verl ({exc.name} is missing): {INSTALL_HINT}"
-        ) from None
+        raise missing_extra("agentgym.integrations.verl", exc.name or "verl", "verl") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -778,7 +775,13 @@ def compute_gigpo_advantage(
     if norm_adv_by_std_in_grpo is None:
         norm_adv_by_std_in_grpo = bool(_option_attr(config, "norm_adv_by_std_in_grpo", True))
     norm = _option(config, "norm", "mean_std_norm" if norm_adv_by_std_in_grpo else "mean_norm")
-    defaults = AdvantageConfig()
+    # The options this estimator takes (grpo has no omega), from the gigpo section or defaults.
+    spec = advantage_estimator(estimator)
+    defaults = spec.options()
+    options: dict[str, Any] = {"gamma": gamma, "norm": norm}
+    for key, cast in (("omega", float), ("invalid_penalty", float), ("episode_stats_over", str)):
+        if key in spec.option_names():
+            options[key] = cast(_option(config, key, getattr(defaults, key)))
 
     # Flat turn rows, row-major (C-level chains; no Python loop over turns).
     turns = np.fromiter(map(len, spans_per_row), np.int64, count=bs)
@@ -806,11 +809,7 @@ def compute_gigpo_advantage(
         rewards=rewards,
         state_keys=keys,
         invalid=~valid,
-        gamma=gamma,
-        omega=float(_option(config, "omega", defaults.omega)),
-        norm=norm,
-        invalid_penalty=float(_option(config, "invalid_penalty", defaults.invalid_penalty)),
-        episode_stats_over=_option(config, "episode_stats_over", defaults.episode_stats_over),
+        **options,
     )
 
     # Broadcast turn values to their spans, touching span tokens only: the flat positions of all

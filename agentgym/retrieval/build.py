@@ -34,11 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from agentgym.io import atomic_save_npy, atomic_write_text
 from agentgym.retrieval.corpus import (
     DocStore,
     DocStoreWriter,
-    atomic_save_npy,
-    atomic_write,
     count_records,
     iter_corpus,
 )
@@ -284,7 +283,7 @@ def build_index(
         passage_prefix=enc.passage_prefix if enc is not None else None,
         max_length=enc.max_length if enc is not None else None,
     )
-    atomic_write(out / META, json.dumps(dataclasses.asdict(meta), indent=1) + "\n")
+    atomic_write_text(out / META, json.dumps(dataclasses.asdict(meta), indent=1) + "\n")
     if dense:  # the FAISS index holds the vectors now
         shutil.rmtree(emb_dir, ignore_errors=True)
     return meta
@@ -346,7 +345,7 @@ def _check_or_write_settings(out: Path, settings: dict[str, Any]) -> None:
                 "same settings to resume it, or pass --force to start over"
             )
         return
-    atomic_write(path, json.dumps(settings, indent=1) + "\n")
+    atomic_write_text(path, json.dumps(settings, indent=1) + "\n")
 
 
 def _build_dense(

@@ -24,21 +24,18 @@ import gzip
 import json
 import mmap
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, overload
 
 import numpy as np
 
+from agentgym.io import atomic_save_npy, atomic_write_bytes, atomic_write_text
+
 __all__ = [
     "CorpusFormatError",
     "DocStore",
     "DocStoreWriter",
-    "atomic_open",
-    "atomic_save_npy",
-    "atomic_write",
     "count_records",
     "iter_corpus",
     "split_title",
@@ -132,40 +129,6 @@ def split_title(contents: str) -> tuple[str, str]:
 
 
 # ------------------------------------------------------------------------------------------------
-# Atomic writes
-
-
-def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never
-    a part: write a temporary file beside it, flush it to disk, then ``os.replace``."""
-    with atomic_open(path) as f:
-        f.write(data.encode("utf-8") if isinstance(data, str) else data)
-
-
-@contextmanager
-def atomic_open(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
-    """A binary file to stream into; it appears at ``path`` only when the ``with`` block ends
-    without an error (temporary file beside it, fsync, ``os.replace``)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_save_npy(path: str | os.PathLike[str], array: np.ndarray) -> None:
-    """``np.save`` through a temporary file and ``os.replace`` (see :func:`atomic_write`)."""
-    with atomic_open(path) as f:
-        np.save(f, array, allow_pickle=False)
-
-
-# ------------------------------------------------------------------------------------------------
 # Writing a doc store
 
 
@@ -219,7 +182,7 @@ class DocStoreWriter:
         lengths = np.fromiter((len(b) for b in lines), dtype=np.int64, count=len(lines))
         offsets = np.zeros(len(lines) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        atomic_write(self.directory / _shard_name(index), b"".join(lines))
+        atomic_write_bytes(self.directory / _shard_name(index), b"".join(lines))
         atomic_save_npy(self.directory / _offsets_name(index), offsets)  # marks the shard done
         self.shard_sizes.append(len(lines))
         return index
@@ -236,7 +199,7 @@ class DocStoreWriter:
                 {"file": _shard_name(i), "num_docs": n} for i, n in enumerate(self.shard_sizes)
             ],
         }
-        atomic_write(self.directory / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+        atomic_write_text(self.directory / MANIFEST, json.dumps(manifest, indent=1) + "\n")
         for i in range(self.num_shards):  # the combined array replaces them
             (self.directory / _offsets_name(i)).unlink(missing_ok=True)
         return DocStore(self.directory)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from agentgym.io import atomic_path
 from agentgym.retrieval.base import Hit
 
 if TYPE_CHECKING:
@@ -188,15 +188,8 @@ class DenseIndex:
         """Write the index to ``path`` atomically (a temporary file, then ``os.replace``)."""
         import faiss
 
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            faiss.write_index(self.cpu_index, tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_path(path) as tmp:
+            faiss.write_index(self.cpu_index, str(tmp))
 
     @classmethod
     def load(

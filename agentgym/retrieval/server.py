@@ -621,9 +621,6 @@ class _Batcher:
         return 500, _error_body(f"search failed: {type(e).__name__}: {e}")
 
 
-# ----------------------------------------------------------------------------------------------
-
-
 def create_app(
     retriever: Retriever,
     *,

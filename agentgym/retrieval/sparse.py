@@ -34,7 +34,6 @@ documents sharing at least one term with the query are returned; ties go to the 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -47,6 +46,7 @@ import numpy as np
 import regex
 from tqdm.auto import tqdm
 
+from agentgym.io import replace_dir
 from agentgym.retrieval.base import Hit
 
 __all__ = [
@@ -466,21 +466,6 @@ def _resolve_backend(backend: str) -> str:
     return "bm25s" if backend == "auto" else backend
 
 
-def _replace_dir(tmp: Path, path: Path) -> None:
-    """Move the finished directory ``tmp`` to ``path``, replacing what is there.
-
-    A reader finds the old complete index or the new one (or, for an instant, none), never a
-    half-written directory; a killed build leaves only a ``.NAME.tmp-*`` directory behind.
-    """
-    if path.exists():
-        trash = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-        os.replace(path, trash / path.name)
-        os.replace(tmp, path)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(tmp, path)
-
-
 def _empty_results(n_queries: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     return (
         np.full((n_queries, k), -1, dtype=np.int64),
@@ -677,7 +662,7 @@ class BM25Index:
                 "n_docs": len(self),
             }
             (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
-            _replace_dir(tmp, path)
+            replace_dir(tmp, path)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -948,7 +933,7 @@ def _lucene_build(
             writer.close()
         meta = {"format": FORMAT_VERSION, "backend": "pyserini", "k1": k1, "b": b, "n_docs": n_docs}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
-        _replace_dir(tmp, path)
+        replace_dir(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

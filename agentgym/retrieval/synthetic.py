@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from agentgym.retrieval.corpus import atomic_open
+from agentgym.io import atomic_open
 
 __all__ = ["random_encoder", "synthetic_corpus", "synthetic_queries", "write_corpus"]
 

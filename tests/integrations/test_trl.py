@@ -114,7 +114,10 @@ def test_missing_trl_is_one_line_naming_the_extra():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode != 0
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("ImportError") and 'pip install "agentgym-envs[trl]"' in last
+    assert (
+        last.startswith("agentgym.extras.MissingExtra")
+        and 'pip install "agentgym-envs[trl]"' in last
+    )
 
 
 def test_environment_exposes_act_as_a_typed_documented_tool():

@@ -25,7 +25,7 @@ from trainers.gigpo.config import Config, ConfigError
 from trainers.gigpo.rollout import collect_stepwise, make_group_env
 
 # the seeded random corridor player of the tree-rollout tests (pytest puts this folder on the path)
-from test_estimators import DoorPolicy  # noqa: E402  isort: skip
+from test_tree_rollout import DoorPolicy  # noqa: E402  isort: skip
 
 
 def play(env, actions, **reset_kwargs) -> Trajectory:

@@ -60,9 +60,6 @@ def test_learns_corridor_with_gigpo(tmp_path):
     assert [json.loads(x) for x in lines] == json.loads(json.dumps(history))
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("agentgym.envs.sokoban") is None, reason="Sokoban env not built yet"
-)
 def test_one_iteration_on_sokoban(tmp_path):
     config = Config.for_env(
         "AgentGym/Sokoban-v0",
@@ -609,3 +606,29 @@ def test_evaluation_is_sized_to_the_run_and_timed_apart(tmp_path, capsys):
     parts = sum(record[k] for k in ("time/generate", "time/env", "time/advantage", "time/update"))
     # What the iteration adds to its parts is bookkeeping, far below one evaluation.
     assert record["time/iteration"] - parts < first_eval["time/eval"], (record, first_eval)
+
+
+def test_the_loop_gives_each_estimator_its_own_options():
+    """The trainer passes an estimator the config fields named as its options, no others."""
+    from agentgym.algorithms import advantage_estimator, compute_advantage
+    from trainers.gigpo.config import Config
+    from trainers.gigpo.train import estimator_options
+
+    config = Config.for_env(
+        "AgentGym/Corridor-v0", omega=0.25, contribution_gamma=2.0, norm="mean_std_norm"
+    )
+    gigpo = estimator_options(config, advantage_estimator("gigpo"))
+    assert gigpo["omega"] == 0.25 and gigpo["norm"] == "mean_std_norm"
+    assert gigpo["gamma"] == config.gamma and "contribution_gamma" not in gigpo
+    grpo = estimator_options(config, advantage_estimator("grpo"))
+    assert "omega" not in grpo and grpo["episode_stats_over"] == config.episode_stats_over
+    assert estimator_options(config, advantage_estimator("cw_grpo"))["contribution_gamma"] == 2.0
+    assert "episode_stats_over" not in estimator_options(config, advantage_estimator("rloo"))
+    # Every registered estimator accepts what the loop builds for it.
+    rows = {"group_ids": [0, 0], "traj_ids": [0, 1], "step_ids": [0, 0], "rewards": [1.0, 0.0],
+            "invalid": [False, False], "state_keys": ["s", "s"]}  # fmt: skip
+    inputs = {"branch_ids": [0, 0], "contributions": [1.0, 1.0]}
+    for name in ("gigpo", "grpo", "rloo", "slate", "cw_grpo"):
+        spec = advantage_estimator(name)
+        own = {k: v for k, v in inputs.items() if k in spec.inputs}
+        compute_advantage(name, **rows, **own, **estimator_options(config, spec))

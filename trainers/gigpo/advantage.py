@@ -6,9 +6,7 @@ trainer's import path. Estimators registered through either name land in the sam
 """
 
 from agentgym.algorithms.advantage import *  # noqa: F403  (the public API, see its __all__)
-from agentgym.algorithms.advantage import (  # noqa: F401  (names the trainer's config reads)
-    _EPISODE_STATS,
-    _NORMS,
+from agentgym.algorithms.advantage import (  # noqa: F401  (typing names, outside __all__)
     EpisodeStatsOver,
     EstimatorFn,
     Norm,

@@ -38,6 +38,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from agentgym.io import replace_dir
+
 STATE_FILE = "trainer_state.pt"
 MANIFEST_FILE = "checkpoint.json"
 CHECKPOINT_PREFIX = "checkpoint-"
@@ -150,15 +152,9 @@ def save_checkpoint(
             raise CheckpointSaveError(message) from err
         raise  # Ctrl-C: the trainer says where things stand
 
-    old = None
-    if path.exists():  # never overwritten in place: moved aside until the new one is published
-        old = path.parent / f".{path.name}{_OLD_MARK}{os.getpid()}"
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(path, old)
-    os.replace(partial, path)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    # never overwritten in place: an existing one is moved aside, under the name that
+    # recover_interrupted_saves knows, until the new one is published
+    replace_dir(partial, path, aside=path.parent / f".{path.name}{_OLD_MARK}{os.getpid()}")
     return path
 
 

@@ -287,7 +287,7 @@ class Config:
         Cheap: nothing is loaded (a hub model name not in the local cache costs one request to
         the hub, unless ``HF_HUB_OFFLINE`` is set). ``cli``: name fields as ``--flags``.
         """
-        from trainers.gigpo.advantage import _NORMS, available_advantages
+        from agentgym.algorithms import NORMS, advantage_estimator, available_advantages
 
         def flag(name: str) -> str:
             return "--" + name.replace("_", "-") if cli else name
@@ -300,7 +300,7 @@ class Config:
                 )
 
         choose("advantage", available_advantages())
-        choose("norm", _NORMS)
+        choose("norm", NORMS)
         choose("dtype", DTYPES)
         choose("generation_backend", GENERATION_BACKENDS)
         choose("hf_generation", HF_GENERATION)
@@ -325,7 +325,8 @@ class Config:
                 f"{flag('rollout')} stepwise draws {flag('group_size')} candidates per step: it "
                 f"needs at least 2, got {self.group_size}"
             )
-        if (self.advantage == "cw_grpo" or self.rollout == "stepwise") and self.judge == "rule":
+        judged = "contributions" in advantage_estimator(self.advantage).inputs
+        if (judged or self.rollout == "stepwise") and self.judge == "rule":
             from agentgym.algorithms.judges import RULE_JUDGES
             from agentgym.envs import entry
 

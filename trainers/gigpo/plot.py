@@ -17,6 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentgym.extras import missing_extra
+from agentgym.io import atomic_path
+
 #: (panel title, [(metric, label)]): training rollouts against held-out evaluation.
 PANELS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("success rate", (("rollout/success_rate", "rollout"), ("eval/success_rate", "eval"))),
@@ -47,9 +50,7 @@ def plot_history(records: Sequence[dict[str, Any]], out: str | Path, title: str 
         matplotlib.use("Agg")  # files only: no display needed, none opened
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ImportError(
-            "matplotlib is not installed: no learning-curve plot (pip install matplotlib)"
-        ) from None
+        raise missing_extra("the learning-curve plot", "matplotlib", "train") from None
     out = Path(out)
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.4))
     for ax, (panel, series) in zip(axes, PANELS, strict=True):
@@ -68,10 +69,11 @@ def plot_history(records: Sequence[dict[str, Any]], out: str | Path, title: str 
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp")
-    fig.savefig(tmp, dpi=100, format="png")
-    plt.close(fig)
-    tmp.replace(out)
+    try:
+        with atomic_path(out) as tmp:
+            fig.savefig(tmp, dpi=100, format="png")
+    finally:
+        plt.close(fig)
     return out
 
 

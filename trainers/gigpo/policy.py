@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from agentgym.extras import missing_extra
 from trainers.gigpo.generation import StaticDecoder
 
 
@@ -255,10 +256,7 @@ class VLLMPolicy:
         try:
             import vllm
         except ImportError as exc:  # pragma: no cover - depends on the install
-            raise ImportError(
-                "backend='vllm' needs vLLM: pip install 'agentgym-envs[vllm]' "
-                "(in a clone: pip install -e '.[vllm]'), or use backend='hf'"
-            ) from exc
+            raise missing_extra("backend='vllm'", "vLLM", "vllm", "use backend='hf'") from exc
         self._vllm = vllm
         self.tokenizer = tokenizer
         self.max_prompt_tokens = max_prompt_tokens

@@ -50,11 +50,11 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import random
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -69,8 +69,9 @@ if __name__ == "__main__":
 import numpy as np
 import torch
 
+from agentgym.io import atomic_write_text
 from trainers.gigpo import checkpoint
-from trainers.gigpo.advantage import compute_advantage
+from trainers.gigpo.advantage import Estimator, advantage_estimator, compute_advantage
 from trainers.gigpo.checkpoint import STATE_FILE as STATE_FILE  # re-exported
 from trainers.gigpo.checkpoint import CheckpointError, CheckpointSaveError, resolve_resume
 from trainers.gigpo.config import PROG, Config, ConfigError, command_line, fail
@@ -245,9 +246,7 @@ class MetricLogger:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "metrics.jsonl"
         history = history or []
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in history))
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in history))
         self.writer = None
         if tensorboard:
             try:
@@ -371,6 +370,29 @@ def _contributions(batch: RolloutBatch, judge: Any) -> np.ndarray:
     if batch.row_start is not None:  # tree rows: own steps only
         scores = [s[start:] for s, start in zip(scores, batch.row_start.tolist(), strict=True)]
     return np.concatenate(scores) if scores else np.zeros(0)
+
+
+# How the rollout provides each per-row input an estimator may declare beyond the common rows
+# (state_keys are passed to every estimator, which reports step-group stats from them).
+ESTIMATOR_INPUTS: dict[str, Callable[[RolloutBatch, Any], Any]] = {
+    "branch_ids": lambda batch, judge: batch.branch_ids,
+    "contributions": _contributions,
+}
+
+
+def estimator_inputs(estimator: Estimator, batch: RolloutBatch, judge: Any) -> dict[str, Any]:
+    """The per-row inputs ``estimator`` declares, built from ``batch`` (and the ``judge``)."""
+    return {
+        name: ESTIMATOR_INPUTS[name](batch, judge)
+        for name in estimator.inputs
+        if name != "state_keys"
+    }
+
+
+def estimator_options(config: Config, estimator: Estimator) -> dict[str, Any]:
+    """The options ``estimator`` takes, from the config fields of the same name (the others
+    keep the estimator's defaults)."""
+    return {k: getattr(config, k) for k in estimator.option_names() if hasattr(config, k)}
 
 
 def _split_options(split: str | None) -> dict[str, Any] | None:
@@ -559,9 +581,13 @@ def train(config: Config) -> list[dict[str, Any]]:
             f"generation_backend must be 'hf' or 'vllm', got {config.generation_backend!r}"
         )
 
+    # The estimator chosen by name: its options come from the config, its inputs from the batch.
+    estimator = advantage_estimator(config.advantage)
+    advantage_options = estimator_options(config, estimator)
+    # A judge scores rounds for an estimator that reads contributions, and stepwise candidates.
     judge = (
         make_judge(config, model, tokenizer)
-        if config.advantage == "cw_grpo" or config.rollout == "stepwise"
+        if "contributions" in estimator.inputs or config.rollout == "stepwise"
         else None
     )
     venv = make_group_env(
@@ -696,20 +722,8 @@ def train(config: Config) -> list[dict[str, Any]]:
                 rewards=batch.rewards,
                 state_keys=batch.state_keys,
                 invalid=batch.invalid,
-                gamma=config.gamma,
-                omega=config.omega,
-                norm=config.norm,
-                invalid_penalty=config.invalid_penalty,
-                episode_stats_over=config.episode_stats_over,
-                branch_ids=batch.branch_ids,
-                contributions=_contributions(batch, judge)
-                if config.advantage == "cw_grpo"
-                else None,
-                **(
-                    {"contribution_gamma": config.contribution_gamma}
-                    if config.advantage == "cw_grpo"
-                    else {}
-                ),
+                **estimator_inputs(estimator, batch, judge),
+                **advantage_options,
             )
             advantages = torch.as_tensor(np.asarray(adv.advantages, dtype=np.float32))
             time_advantage = time.perf_counter() - t0

@@ -18,12 +18,12 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 
 from agentgym.envs.cache import cache_dir, writable_cache_dir
+from agentgym.io import atomic_write_json
 
 __all__ = [
     "TASK_TYPES",
@@ -192,17 +192,11 @@ def _scan_split(split_dir: Path) -> list[tuple[str, str]]:
                 found.append((rel, path))
     # the index is only a cache: an unwritable cache folder costs a warning line, not the env
     if new != old and len(new) >= _PERSIST_MIN:
-        folder = writable_cache_dir(index_path.parent, "the ALFWorld game index")
-        if folder is not None:
-            tmp = None
+        if writable_cache_dir(index_path.parent, "the ALFWorld game index") is not None:
             try:
-                with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as f:
-                    tmp = f.name
-                    json.dump(new, f)
-                os.replace(tmp, index_path)
+                atomic_write_json(index_path, new)
             except OSError:  # e.g. a full disk after the check: the next run scans again
-                if tmp is not None:
-                    Path(tmp).unlink(missing_ok=True)
+                pass
     return found
 
 

@@ -29,12 +29,13 @@ import functools
 import json
 import os
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from agentgym.io import atomic_open, atomic_path
 
 __all__ = [
     "SPLITS",
@@ -445,17 +446,6 @@ _PROMPT = (
 )
 
 
-def _atomic(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_search_r1_files(
     out_dir: str | os.PathLike[str], seed: int = 0, splits: Sequence[str] = SPLITS
 ) -> dict[str, Path]:
@@ -476,12 +466,9 @@ def write_search_r1_files(
     out.mkdir(parents=True, exist_ok=True)
     paths = {"corpus": out / "corpus.jsonl"}
 
-    def write_corpus(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for doc in kb.passages:
-                f.write(json.dumps(doc) + "\n")
-
-    _atomic(paths["corpus"], write_corpus)
+    with atomic_open(paths["corpus"], "w") as f:
+        for doc in kb.passages:
+            f.write(json.dumps(doc) + "\n")
     for split in splits:
         rows = [
             {
@@ -501,5 +488,6 @@ def write_search_r1_files(
         ]
         paths[split] = out / f"{split}.parquet"
         table = pa.Table.from_pylist(rows)
-        _atomic(paths[split], lambda tmp, table=table: pq.write_table(table, tmp))
+        with atomic_path(paths[split]) as tmp:
+            pq.write_table(table, tmp)
     return paths

@@ -699,9 +699,3 @@ def _assemble(
         goal_kind=kind,
         key=key,
     )
-
-
-def catalogue_from_key(key: tuple) -> Catalogue | None:
-    """The cached catalogue loaded under ``key`` in this process, if any (used by unpickling)."""
-    with _CACHE_LOCK:
-        return _CACHE.get(key)

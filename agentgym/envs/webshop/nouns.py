@@ -44,11 +44,12 @@ import json
 import os
 import re
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+from agentgym.io import atomic_write_text
 
 __all__ = [
     "NOUN_POS",
@@ -442,19 +443,10 @@ def _read_table(path: Path, n: int) -> list[tuple[str, ...]] | None:
 def _write_table(path: Path, table: list[tuple[str, ...]]) -> bool:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    except OSError:
-        return False
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump([_NOUN_TABLE_VERSION, table], f, separators=(",", ":"))
-        os.replace(tmp, path)  # readers see the old file or the whole new one, never a part
+        # readers see the old file or the whole new one, never a part
+        atomic_write_text(path, json.dumps([_NOUN_TABLE_VERSION, table], separators=(",", ":")))
         return True
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         return False
 
 

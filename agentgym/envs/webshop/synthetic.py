@@ -18,12 +18,12 @@ one. Everything is drawn from ``random.Random(seed)``: the same seed gives the s
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from agentgym.io import atomic_write_json
 
 __all__ = [
     "DEFAULT_NUM_PRODUCTS",
@@ -298,17 +298,6 @@ def generate_catalogue(
     return products, attributes, reviews
 
 
-def _write_json(path: Path, value: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(value, f)
-        os.replace(tmp, path)  # readers never see a half-written file
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_synthetic_files(
     folder: str | os.PathLike, num_products: int = DEFAULT_NUM_PRODUCTS, *, seed: int = 233
 ) -> Path:
@@ -322,8 +311,8 @@ def write_synthetic_files(
     folder.mkdir(parents=True, exist_ok=True)
     products, attributes, reviews = generate_catalogue(num_products, seed=seed)
     for name in ("items_shuffle.json", "items_shuffle_1000.json"):
-        _write_json(folder / name, products)
+        atomic_write_json(folder / name, products)
     for name in ("items_ins_v2.json", "items_ins_v2_1000.json"):
-        _write_json(folder / name, attributes)
-    _write_json(folder / "reviews.json", reviews)
+        atomic_write_json(folder / name, attributes)
+    atomic_write_json(folder / "reviews.json", reviews)
     return folder

@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from agentgym.extras import missing_extra
 from agentgym.vector.backends.host import EnvHost, bootstrap_worker
 from agentgym.vector.backends.sharded import ShardedBackend
 from agentgym.vector.factory import EnvFactory
@@ -40,7 +41,7 @@ class RayBackend(ShardedBackend):
         try:
             import ray
         except ImportError as exc:
-            raise ImportError('backend="ray" needs Ray: pip install "agentgym-envs[ray]"') from exc
+            raise missing_extra('backend="ray"', "Ray", "ray") from exc
         super().__init__(factory, num_envs, num_workers, timeout)
         self.ray = ray
         self.owns_ray = RaySession.acquire(ray, address)

@@ -1,7 +1,7 @@
 """Slow reference for the advantage estimators, written straight from the paper's equations.
 
-This module exists to check :mod:`trainers.gigpo.advantage` (the tests compare the two on random
-batches) and to give the benchmark its baseline. It uses plain Python loops, lists and dicts on
+This module exists to check :mod:`agentgym.algorithms.advantage` (the tests compare the two on
+random batches) and to give the benchmark its baseline. It uses plain Python loops, lists and dicts on
 purpose: every quantity is computed the way the GiGPO paper (arXiv 2505.10978) writes it, one
 trajectory, one group, one row at a time, with no grouping tricks that could share a bug with the
 fast version. Do not use it for training.
@@ -229,3 +229,31 @@ def reference_advantage(
         "step_advantage": step_advantage,
         "step_group_sizes": step_group_sizes,
     }
+
+
+def taken_by(name: str, kwargs: dict) -> dict:
+    """``kwargs`` less the options and per-row inputs that estimator ``name`` does not take.
+
+    The reference accepts every option of every estimator (and ignores those that do not apply);
+    ``compute_advantage`` accepts only the estimator's own, so a test drawing one set of options
+    for all estimators gives each the part it takes.
+    """
+    from agentgym.algorithms import ROW_INPUTS, advantage_estimator
+
+    estimator = advantage_estimator(name)
+    dropped = (set(ROW_INPUTS[1:]) - set(estimator.inputs)) | (
+        _ALL_OPTIONS - set(estimator.option_names())
+    )
+    return {k: v for k, v in kwargs.items() if k not in dropped}
+
+
+# Every option name of every estimator (the reference's keyword options).
+_ALL_OPTIONS = {
+    "gamma",
+    "omega",
+    "norm",
+    "invalid_penalty",
+    "episode_stats_over",
+    "epsilon",
+    "contribution_gamma",
+}

@@ -1,9 +1,9 @@
 """RLOO, SLATE and CW-GRPO: the vectorised estimators against loop references and hand math.
 
-Each estimator is checked against ``trainers.gigpo.advantage_reference`` (loops written from the
-equations in its docstring) to 1e-6 on random batches (shuffled rows, sparse ids, one-trajectory
-groups, branch groups of one, all-equal contributions, both norms), and against small cases
-worked out by hand. Property tests check what each estimator promises: RLOO's advantages are the
+Each estimator is checked against ``advantage_reference.py`` beside these tests (loops written
+from the equations in its docstring) to 1e-6 on random batches (shuffled rows, sparse ids,
+one-trajectory groups, branch groups of one, all-equal contributions, both norms), and against
+small cases worked out by hand. Property tests check what each estimator promises: RLOO's advantages are the
 leave-one-out ones, SLATE's are zero-mean within every branch group and zero elsewhere, and
 CW-GRPO keeps GRPO's advantage on the answer round and shares ``R_i A_i`` among the rounds
 before it.
@@ -16,6 +16,7 @@ import math
 import gymnasium as gym
 import numpy as np
 import pytest
+from advantage_reference import reference_advantage, taken_by
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +30,6 @@ from agentgym.algorithms.judges import (
     row_contributions,
 )
 from agentgym.vector import Step, Trajectory
-from trainers.gigpo.advantage_reference import reference_advantage
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -83,7 +83,7 @@ options = st.fixed_dictionaries(
 
 
 def check(name: str, batch: dict, opts: dict) -> np.ndarray:
-    fast = compute_advantage(name, **batch, **opts)
+    fast = compute_advantage(name, **taken_by(name, {**batch, **opts}))
     ref = reference_advantage(name, **batch, **opts)
     assert fast.advantages.dtype == np.float32
     np.testing.assert_allclose(fast.advantages, ref["advantages"], rtol=1e-6, atol=1e-6)
@@ -112,8 +112,8 @@ def test_rloo_matches_reference(batch, opts):
 def test_rloo_is_grpo_scaled_by_k_over_k_minus_1(batch):
     """With mean_norm and no penalty, RLOO = K/(K-1) * GRPO's (trajectory statistics)."""
     opts = {"invalid_penalty": 0.0, "norm": "mean_norm"}
-    a_rloo = compute_advantage("rloo", **batch, **opts).advantages
-    a_grpo = compute_advantage("grpo", **batch, **opts).advantages
+    a_rloo = compute_advantage("rloo", **taken_by("rloo", {**batch, **opts})).advantages
+    a_grpo = compute_advantage("grpo", **taken_by("grpo", {**batch, **opts})).advantages
     trajs_in_group = {
         g: len(set(batch["traj_ids"][batch["group_ids"] == g])) for g in set(batch["group_ids"])
     }
@@ -313,9 +313,10 @@ def test_cw_grpo_conserves_credit_and_keeps_the_answer_round(batch, opts, contri
     """The answer round gets GRPO's advantage; the rounds before it share R_i * A_i."""
     opts = {**opts, "invalid_penalty": 0.0}
     a_cw = compute_advantage(
-        "cw_grpo", **batch, **opts, contribution_gamma=contribution_gamma
+        "cw_grpo", **taken_by("cw_grpo", batch), **opts, contribution_gamma=contribution_gamma
     ).advantages.astype(np.float64)
-    a_grpo = compute_advantage("grpo", **batch, **opts).advantages.astype(np.float64)
+    a_grpo = compute_advantage("grpo", **taken_by("grpo", {**batch, **opts})).advantages
+    a_grpo = a_grpo.astype(np.float64)
     c = batch["contributions"]
     for rows in _rows_by_trajectory(batch).values():
         *searches, answer = rows
@@ -338,6 +339,7 @@ def test_cw_grpo_conserves_credit_and_keeps_the_answer_round(batch, opts, contri
 @given(batch=batches(), opts=options, contribution_gamma=CONTRIBUTION_GAMMAS)
 def test_cw_grpo_charges_the_penalty_to_its_round_unscaled(batch, opts, contribution_gamma):
     opts = {**opts, "invalid_penalty": 0.0, "contribution_gamma": contribution_gamma}
+    batch = taken_by("cw_grpo", batch)
     clean = compute_advantage("cw_grpo", **batch, **opts).advantages.astype(np.float64)
     penalised = compute_advantage("cw_grpo", **batch, **{**opts, "invalid_penalty": 0.5})
     np.testing.assert_allclose(
@@ -482,92 +484,3 @@ def test_judge_output_is_checked():
     env = gym.make("AgentGym/Corridor-v0")
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         Broken()([play(env, ["red"], options={"task": 0})])
-
-
-# --- Tree rollout ----------------------------------------------------------------------------
-
-
-class DoorPolicy:
-    """A seeded random corridor player with the trainer's Policy.generate signature."""
-
-    def __init__(self, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
-
-    def generate(self, prompts, **kwargs):
-        from trainers.gigpo.policy import Generation
-
-        words = ["red", "blue", "green", "back", "back"]
-        return [
-            Generation(w, [1, 2], [3], [-0.5])
-            for w in (words[int(self.rng.integers(len(words)))] for _ in prompts)
-        ]
-
-
-@pytest.mark.parametrize(
-    "branch_points,continuations,group_size", [(1, 2, 4), (2, 2, 4), (1, 3, 6)]
-)
-def test_tree_rollout_builds_sibling_groups_at_equal_samples(
-    branch_points, continuations, group_size
-):
-    from trainers.gigpo.rollout import collect_tree, make_group_env
-
-    venv = make_group_env(
-        "AgentGym/Corridor-v0", num_groups=3, group_size=group_size, template="compact"
-    )
-    try:
-        batch = collect_tree(
-            venv,
-            DoorPolicy(1),
-            branch_points=branch_points,
-            continuations=continuations,
-            branch_span=2,
-            seed=5,
-        )
-    finally:
-        venv.close()
-    trajs = batch.trajectories
-    # Equal samples: one complete episode per env, as the flat rollout plays.
-    assert len(trajs) == 3 * group_size and all(t.done for t in trajs)
-    assert len({t.traj_id for t in trajs}) == len(trajs)
-    assert any(t.branch_of is not None for t in trajs)
-    # Rows are own steps only: a branch's prefix is its source's rows, not repeated.
-    assert len(batch) == sum(len(t.steps) - s for t, s in zip(trajs, batch.row_start, strict=True))
-    by_id = {(t.group_id, t.traj_id): t for t in trajs}
-    for t in trajs:
-        if t.branch_of is None:
-            continue
-        src = by_id[t.branch_of]
-        k = t.branch_step
-        # The prefix is the source's and ends in the state the sibling acted from.
-        assert [s.action for s in t.steps[:k]] == [s.action for s in src.steps[:k]]
-        assert t.steps[k].state_key == src.steps[k - 1].info["state_key"]
-    # Every branch group's rows act from one state, and siblings number at least 2 at a branch.
-    for b in set(batch.branch_ids.tolist()) - {-1}:
-        rows = np.flatnonzero(batch.branch_ids == b)
-        assert len({batch.state_keys[i] for i in rows}) == 1
-        assert len({int(batch.group_ids[i]) for i in rows}) == 1
-    sizes = np.bincount(batch.branch_ids[batch.branch_ids >= 0])
-    assert sizes.max() >= continuations
-    # SLATE trains on exactly the branch-step rows.
-    adv = compute_advantage(
-        "slate",
-        group_ids=batch.group_ids,
-        traj_ids=batch.traj_ids,
-        step_ids=batch.step_ids,
-        rewards=batch.rewards,
-        state_keys=batch.state_keys,
-        invalid=batch.invalid,
-        branch_ids=batch.branch_ids,
-    )
-    assert not adv.advantages[batch.branch_ids < 0].any()
-
-
-def test_tree_rollout_rejects_a_budget_that_does_not_divide_the_group():
-    from trainers.gigpo.rollout import collect_tree, make_group_env
-
-    venv = make_group_env("AgentGym/Corridor-v0", num_groups=1, group_size=6)
-    try:
-        with pytest.raises(ValueError, match="multiple of"):
-            collect_tree(venv, DoorPolicy(0), branch_points=2, continuations=2)
-    finally:
-        venv.close()

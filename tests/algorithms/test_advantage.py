@@ -1,6 +1,6 @@
 """GRPO / GiGPO advantages: the vectorised estimators against the loop reference and hand math.
 
-The reference (``trainers.gigpo.advantage_reference``) is written straight from the paper's
+The reference (``advantage_reference.py`` beside these tests) is written straight from the paper's
 equations with loops and dicts; property tests check the fast version matches it to 1e-6 on
 random batches (singleton step groups, all-equal rewards, one-trajectory groups, shuffled rows,
 both norms, both episode statistics, gamma 0 and 1, ids and keys of every shape). Small cases are
@@ -13,20 +13,22 @@ import math
 
 import numpy as np
 import pytest
+from advantage_reference import reference_advantage, taken_by
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trainers.gigpo.advantage import (
     SIZE_BUCKETS,
     AdvantageResult,
+    advantage_estimator,
     available_advantages,
     compute_advantage,
     encode_state_keys,
     register_advantage,
     step_group_stats,
     token_advantages,
+    unregister_advantage,
 )
-from trainers.gigpo.advantage_reference import reference_advantage
 
 EPS = 1e-6
 
@@ -47,7 +49,7 @@ def rows(trajectories: list[dict]) -> dict:
 
 
 def assert_matches_reference(batch: dict, **kwargs) -> AdvantageResult:
-    fast = compute_advantage(**batch, **kwargs)
+    fast = compute_advantage(**taken_by(kwargs["name"], {**batch, **kwargs}))
     ref = reference_advantage(**batch, **kwargs)
     for field in ("returns", "episode_advantage", "step_advantage"):
         np.testing.assert_allclose(
@@ -423,25 +425,67 @@ def test_step_group_stats_by_hand():
     assert step_group_stats(np.zeros(0, dtype=np.int64))["num_step_groups"] == 0
 
 
-def test_registry():
-    assert {"gigpo", "grpo"} <= set(available_advantages())
+@pytest.fixture
+def episode_only_estimator():
+    """An estimator registered for one test (options: AdvantageConfig's), then unregistered so
+    that no other test sees it."""
 
     @register_advantage("episode_only_test")
     def episode_only(batch, config):
         return AdvantageResult(
-            advantages=np.ones(batch.n, dtype=np.float32),
+            advantages=np.full(batch.n, config.gamma, dtype=np.float32),
             returns=batch.returns,
             episode_advantage=np.ones(batch.n),
             step_advantage=np.zeros(batch.n),
             stats={},
         )
 
-    out = compute_advantage("episode_only_test", **two_trajectories())
-    np.testing.assert_array_equal(out.advantages, np.ones(4, dtype=np.float32))
+    yield episode_only
+    unregister_advantage("episode_only_test")
+
+
+def test_registry(episode_only_estimator):
+    assert {"gigpo", "grpo"} <= set(available_advantages())
+    out = compute_advantage("episode_only_test", **two_trajectories(), gamma=0.5)
+    np.testing.assert_array_equal(out.advantages, np.full(4, 0.5, dtype=np.float32))
     with pytest.raises(ValueError, match="already registered"):
-        register_advantage("gigpo")(episode_only)
+        register_advantage("gigpo")(episode_only_estimator)
     with pytest.raises(ValueError, match="registered: .*gigpo"):
         compute_advantage("gipgo", **two_trajectories())
+
+
+def test_registry_is_left_as_found():
+    # The fixture above removed its estimator (pytest runs the tests of a file in order).
+    assert "episode_only_test" not in available_advantages()
+
+
+def test_each_estimator_takes_its_own_options_and_inputs():
+    assert advantage_estimator("gigpo").inputs == ("state_keys",)
+    assert advantage_estimator("slate").inputs == ("branch_ids",)
+    assert advantage_estimator("cw_grpo").inputs == ("contributions",)
+    assert "omega" in advantage_estimator("gigpo").option_names()
+    assert "omega" not in advantage_estimator("grpo").option_names()
+    assert "episode_stats_over" not in advantage_estimator("rloo").option_names()
+    assert "contribution_gamma" in advantage_estimator("cw_grpo").option_names()
+    batch = two_trajectories()
+    # An option of another estimator: the message lists the ones this estimator takes.
+    with pytest.raises(ValueError, match=r"'grpo' takes no option 'omega'.*gamma, norm"):
+        compute_advantage("grpo", **batch, omega=0.5)
+    with pytest.raises(ValueError, match="contribution_gamma"):
+        compute_advantage("gigpo", **batch, contribution_gamma=1.0)
+    # An input it does not read, and one it needs but was not given.
+    with pytest.raises(ValueError, match="'gigpo' does not read branch_ids"):
+        compute_advantage("gigpo", **batch, branch_ids=[0, 0, -1, -1])
+    with pytest.raises(ValueError, match="'slate' needs branch_ids"):
+        compute_advantage("slate", **batch)
+    # The options reach the estimator: omega scales GiGPO's step term, as Eq. 8 says.
+    half = compute_advantage("gigpo", **batch, omega=0.5)
+    np.testing.assert_allclose(
+        half.advantages, half.episode_advantage + 0.5 * half.step_advantage, rtol=1e-6
+    )
+    with pytest.raises(ValueError, match="unknown estimator inputs"):
+        register_advantage("bad_inputs_test", inputs=("rewardz",))
+    assert "bad_inputs_test" not in available_advantages()
 
 
 def test_token_advantages_broadcast_to_response_tokens():
