@@ -18,7 +18,7 @@ Per run: wall time, requests in flight over time (sampled every 0.25 s) with the
 mean and peak, and where the time goes: per episode, time waiting for and in generation, time
 in env steps, and the rest (waiting on the other episodes of a lockstep round).
 
-    python benchmarks/bench_async_rollout.py                 # ~12 min on 2 shared CPU cores
+    python benchmarks/bench_async_rollout.py                 # ~6-10 min on 2 loaded CPU cores
     python benchmarks/bench_async_rollout.py --quick         # a smoke run
 """
 
@@ -233,7 +233,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4, help="requests and episodes at once")
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--history-length", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="server's torch/OMP threads")
     ap.add_argument("--settings", default="varied,uniform")
     ap.add_argument("--sample-s", type=float, default=0.25)
