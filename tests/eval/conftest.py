@@ -136,8 +136,13 @@ def smollm2_server(smollm2_path, tmp_path_factory):
                 "127.0.0.1",
                 "--port",
                 str(port),
-                # no --continuous-batching: on a loaded CPU its scheduler has dropped concurrent
-                # requests without an answer; one request at a time is slower but always answers
+                "--continuous-batching",
+                # an explicit KV cache (8,192 tokens): sized by default for a GPU, on CPU the
+                # server grew to 14 GB and was killed for memory
+                "--cb-block-size",
+                "32",
+                "--cb-num-blocks",
+                "256",
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
