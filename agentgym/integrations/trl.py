@@ -66,6 +66,7 @@ __all__ = [
     "TASK_COLUMN",
     "SEED_COLUMN",
     "SPLIT_COLUMN",
+    "ENV_COLUMN",
     "DEFAULT_INSTRUCTION",
     "build_dataset",
     "EpisodeRecord",
@@ -102,13 +103,14 @@ def _require_trl() -> None:
 # dataset
 # ----------------------------------------------------------------------------------------------
 def build_dataset(
-    env_id: str,
+    env_id: str | Sequence[str],
     num_tasks: int,
     *,
     seed: int = 0,
     split: str | None = None,
     instruction: str = DEFAULT_INSTRUCTION,
     env_kwargs: dict[str, Any] | None = None,
+    weights: Sequence[float] | None = None,
 ) -> Dataset:
     """A TRL prompt dataset with one row per task: ``prompt``, ``task_id``, ``seed`` (and ``split``).
 
@@ -119,11 +121,24 @@ def build_dataset(
 
     Both adapters reset the env from these fields, so every generation of a row plays the same
     task from the same initial state.
+
+    **Several envs** (``env_id`` a list of ids): a mixed dataset for TRL's dict form of
+    ``environment_factory`` (:func:`environment_factory` with the same list). The ``num_tasks``
+    rows are shared between the envs by ``weights`` (default equal; every env at least one row),
+    each env's rows built as above, and every row (and its prompt message) names its env in the
+    ``environment`` column, which TRL reads to pick the row's factory: all generations of a row
+    play the same env, task and initial state. Rows alternate between the envs.
+    ``env_kwargs`` is then a dict from env id to that env's keyword arguments.
     """
     _require_trl()
     from datasets import Dataset
     from tqdm.auto import tqdm
 
+    if not isinstance(env_id, str):
+        return _mixed_dataset(
+            list(env_id), num_tasks, seed=seed, split=split, instruction=instruction,
+            env_kwargs=env_kwargs, weights=weights,
+        )  # fmt: skip
     if num_tasks < 1:
         raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
     env = gym.make(env_id, disable_env_checker=True, **(env_kwargs or {}))
@@ -145,6 +160,63 @@ def build_dataset(
     finally:
         env.close()
     return Dataset.from_dict(rows)
+
+
+#: The dataset column (and prompt-message key) naming a row's env in a mixed dataset; TRL's
+#: ``GRPOTrainer`` reads this column to route a row to its ``environment_factory`` entry.
+ENV_COLUMN = "environment"
+
+
+def _share(total: int, weights: Sequence[float]) -> list[int]:
+    """``total`` split by ``weights`` (largest remainder), at least one each."""
+    n = len(weights)
+    if total < n:
+        raise ValueError(f"{n} envs need at least {n} tasks (one each), got {total}")
+    w = np.asarray(weights, dtype=float)
+    if len(w) == 0 or (w <= 0).any() or not np.isfinite(w).all():
+        raise ValueError(f"weights must be positive numbers, one per env; got {list(weights)}")
+    share = (total - n) * w / w.sum()
+    counts = np.floor(share).astype(int)
+    order = np.argsort(-(share - counts), kind="stable")
+    counts[order[: total - n - counts.sum()]] += 1
+    return [int(c) + 1 for c in counts]
+
+
+def _mixed_dataset(
+    env_ids: list[str],
+    num_tasks: int,
+    *,
+    seed: int,
+    split: str | None,
+    instruction: str,
+    env_kwargs: dict[str, Any] | None,
+    weights: Sequence[float] | None,
+) -> Dataset:
+    from datasets import Dataset
+
+    if not env_ids or len(set(env_ids)) != len(env_ids):
+        raise ValueError(f"a mixed dataset needs distinct env ids, got {env_ids}")
+    unknown = set(env_kwargs or {}) - set(env_ids)
+    if unknown:
+        raise ValueError(
+            f"env_kwargs of a mixed dataset maps env ids to their kwargs; {sorted(unknown)} "
+            f"are not among {env_ids}"
+        )
+    if weights is not None and len(weights) != len(env_ids):
+        raise ValueError(f"weights: one per env ({len(env_ids)}), got {len(weights)}")
+    counts = _share(num_tasks, weights or [1.0] * len(env_ids))
+    parts = []
+    for env_id, count in zip(env_ids, counts, strict=True):
+        part = build_dataset(
+            env_id, count, seed=seed, split=split, instruction=instruction,
+            env_kwargs=(env_kwargs or {}).get(env_id),
+        ).to_list()  # fmt: skip
+        for row in part:
+            row[ENV_COLUMN] = env_id
+            row["prompt"][0][ENV_COLUMN] = env_id
+        parts.append(part)
+    rows = [row for i in range(max(counts)) for part in parts if i < len(part) for row in [part[i]]]
+    return Dataset.from_list(rows)
 
 
 def _reset_args(row: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]:
@@ -339,15 +411,38 @@ class EnvironmentFactory:
 
 
 def environment_factory(
-    env_id: str,
+    env_id: str | Sequence[str],
     env_kwargs: dict[str, Any] | None = None,
     *,
     reward: str = "return",
     show_admissible: bool = True,
     keep_episodes: bool = True,
-) -> EnvironmentFactory:
-    """An ``environment_factory`` for ``GRPOTrainer`` playing ``env_id`` (see the module doc)."""
+) -> EnvironmentFactory | dict[str, EnvironmentFactory]:
+    """An ``environment_factory`` for ``GRPOTrainer`` playing ``env_id`` (see the module doc).
+
+    With a list of env ids: TRL's dict form, ``{env_id: EnvironmentFactory}``, for a dataset
+    from :func:`build_dataset` over the same list (its ``environment`` column names each row's
+    env); ``env_kwargs`` then maps each env id to its keyword arguments.
+    """
     _require_trl()
+    if not isinstance(env_id, str):
+        kwargs = env_kwargs or {}
+        unknown = set(kwargs) - set(env_id)
+        if unknown:
+            raise ValueError(
+                f"env_kwargs for several envs maps env ids to their kwargs; {sorted(unknown)} "
+                f"are not among {list(env_id)}"
+            )
+        return {
+            e: environment_factory(
+                e,
+                kwargs.get(e),
+                reward=reward,
+                show_admissible=show_admissible,
+                keep_episodes=keep_episodes,
+            )  # fmt: skip
+            for e in env_id
+        }
     if env_id not in gym.registry:
         raise ValueError(f"unknown env id {env_id!r}; see agentgym.env_ids()")
     return EnvironmentFactory(

@@ -345,3 +345,63 @@ def test_rollout_func_tiny_model_learns_the_corridor(tmp_path, one_thread):
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     first, last = np.mean(rewards[:30]), np.mean(rewards[-30:])
     assert first < 5.0 < 9.0 < last, (first, last)  # 10 is a win; chance wins a quarter
+
+
+MIXED = ["AgentGym/Corridor-v0", "AgentGym/Sokoban-v0"]
+
+
+def test_mixed_dataset_routes_each_row_to_its_env():
+    """Several envs: rows name their env (TRL's ``environment`` column), shares follow the
+    weights, and the dict factory's env for a row replays exactly that row's task."""
+    kwargs = {"AgentGym/Corridor-v0": {"length": 2}}
+    data = build_dataset(MIXED, 6, seed=3, env_kwargs=kwargs, weights=[2, 1])
+    envs = data["environment"]
+    assert envs.count(MIXED[0]) == 4 and envs.count(MIXED[1]) == 2
+    assert envs[:4] == [MIXED[0], MIXED[1], MIXED[0], MIXED[1]]  # alternating
+    factories = environment_factory(MIXED, kwargs)
+    assert isinstance(factories, dict) and set(factories) == set(MIXED)
+    assert factories[MIXED[0]].env_kwargs == {"length": 2}
+    for row in data:
+        assert row["prompt"][0]["environment"] == row["environment"]
+        env = factories[row["environment"]]()
+        first = env.reset(**row)  # TRL passes the whole row, env column included
+        assert env.info["task_id"] == row["task_id"]
+        fresh = gym.make(row["environment"], **kwargs.get(row["environment"], {}))
+        obs, info = fresh.reset(seed=row["seed"], options={"task": row["task_id"]})
+        assert first.startswith(obs) and env.initial_state_key == info["state_key"]
+    with pytest.raises(ValueError, match="not among"):
+        build_dataset(MIXED, 4, env_kwargs={"AgentGym/WebShop-v0": {}})
+    with pytest.raises(ValueError, match="at least 2 tasks"):
+        build_dataset(MIXED, 1)
+    # a single env keeps its plain dataset: no environment column (TRL's single-factory form)
+    assert "environment" not in build_dataset(MIXED[0], 2).column_names
+
+
+def test_grpo_trainer_accepts_the_mixed_dataset_and_dict_factory(tmp_path, one_thread):
+    """TRL's own GRPOTrainer takes the dict form: one tool set per env, rows routed by column."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    example = _example("trl_environment_factory")
+    model, tokenizer = example.tiny_tool_model(ENV, example.TINY_ENV_KWARGS, warmup_steps=1)
+    factories = environment_factory(MIXED, {ENV: example.TINY_ENV_KWARGS})
+    config = GRPOConfig(
+        output_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=4, max_steps=1,
+        max_completion_length=32, max_tool_calling_iterations=1, beta=0.0, report_to=[],
+        save_strategy="no", use_cpu=True, bf16=False,
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        model=model,
+        args=config,
+        train_dataset=build_dataset(MIXED, 4, env_kwargs={ENV: example.TINY_ENV_KWARGS}),
+        processing_class=tokenizer,
+        environment_factory=factories,
+    )
+    assert trainer._multi_environment
+    assert set(trainer.environment_factories) == set(MIXED)
+    trainer.train()  # one step: every rollout played the env its row names
+    played = [e for f in factories.values() for e in f.episodes]
+    assert len(played) == 4  # 4 rollouts per step: 2 rows x 2 generations
+    for env_id, f in factories.items():
+        assert f.episodes  # both envs were played ...
+        for e in f.episodes:  # ... each on its own tasks
+            assert e.task_id.startswith("corridor" if env_id == ENV else "sokoban")

@@ -50,6 +50,11 @@ HF_GENERATION = ("static", "generate")
 UPDATE_BATCHING = ("auto", "tokens", "packed", "rows")
 ENV_BACKENDS = ("inprocess", "process")
 EPISODE_STATS = ("trajectories", "steps")
+POLICIES = ("free", "scored")
+
+#: What ``--policy scored`` changes in an env's preset (flags given still win): the env parses
+#: the chosen action as plain text, and the short prompt lists the admissible actions.
+SCORED_PRESET: dict[str, Any] = {"fmt": "plain", "prompt_template": "actions"}
 
 #: Fields a resumed run does not take from the checkpoint's saved config: they say where and
 #: how this invocation runs, not what is trained.
@@ -66,6 +71,14 @@ class Config:
     env: str = DEFAULT_ENV
     """registered agentgym env id (the command line without ``--env`` trains the corridor, with
     its preset)"""
+    extra_envs: list[str] = field(default_factory=list)
+    """further env ids trained in the same run (the command line: ``--env`` given again); each
+    group is drawn from one env, advantages are computed within each env's groups, metrics and
+    evaluation are reported per env too; each extra env takes its own preset's env settings
+    (``env_kwargs``, ``max_steps``, ``fmt``, ``history_length``, ``prompt_template``, splits)"""
+    env_weights: list[float] | None = None
+    """share of the ``num_groups`` groups each env gets, in ``--env`` order (``--env-weight``
+    given once per env); None: equal shares. Every env gets at least one group"""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """extra constructor arguments for the env (JSON on the command line); replaces the preset's"""
     max_steps: int | None = None
@@ -116,6 +129,15 @@ class Config:
     """compile the static decoder's step (CUDA graphs); None: on CUDA only"""
     vllm_gpu_memory_utilization: float = 0.4
     """share of GPU memory vLLM may take (the trainer needs the rest)"""
+    policy: str = "free"
+    """``free``: the model writes its action as text; ``scored``: it chooses among the env's
+    admissible actions with probability softmax(summed token log-probs / ``action_temperature``),
+    the chosen action's tokens being the trained response (``trainers/gigpo/scored.py``; HF
+    backend; the env parses plain text and prompts list the actions: ``fmt`` ``plain`` and
+    ``prompt_template`` ``actions`` unless given)"""
+    action_temperature: float = 1.0
+    """``--policy scored``: softmax temperature over the actions' summed log-probs in rollouts
+    (evaluation uses ``eval_temperature``; 0 = the most likely action)"""
 
     # --- advantage ---------------------------------------------------------------------------
     advantage: str = "gigpo"
@@ -255,7 +277,10 @@ class Config:
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise TypeError(f"unknown config fields: {sorted(unknown)}")
-        return cls(**{**PRESETS.get(env, {}), "env": env, **overrides})
+        preset = dict(PRESETS.get(env, {}))
+        if overrides.get("policy") == "scored":  # the env parses the chosen action's plain text
+            preset.update(SCORED_PRESET)
+        return cls(**{**preset, "env": env, **overrides})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -305,6 +330,44 @@ class Config:
         choose("generation_backend", GENERATION_BACKENDS)
         choose("hf_generation", HF_GENERATION)
         choose("update_batching", UPDATE_BATCHING)
+        choose("policy", POLICIES)
+        envs = [self.env, *self.extra_envs]
+        if len(set(envs)) != len(envs):
+            raise ConfigError(f"{flag('env')} names an env twice: {', '.join(envs)}")
+        if self.env_weights is not None:
+            if len(self.env_weights) != len(envs) or not all(w > 0 for w in self.env_weights):
+                raise ConfigError(
+                    f"{flag('env_weights') if not cli else '--env-weight'} takes one positive "
+                    f"weight per env ({len(envs)}: {', '.join(envs)}), got {self.env_weights}"
+                )
+        if self.extra_envs:
+            for env_id in self.extra_envs:
+                check_env_id(env_id)
+            if self.num_groups < len(envs):
+                raise ConfigError(f"{flag('num_groups')} {self.num_groups} is below the number "
+                                  f"of envs ({len(envs)}): every env needs a group")  # fmt: skip
+            if self.rollout != "flat" or self.advantage == "cw_grpo":
+                raise ConfigError(
+                    f"several envs in one run train with {flag('rollout')} flat and an "
+                    f"estimator without a judge (not cw_grpo); got {self.rollout}, "
+                    f"{self.advantage}"
+                )
+        if self.policy == "scored":
+            from trainers.gigpo.scored import scored_problem
+
+            for env_id in envs:
+                problem = scored_problem(env_id)
+                if problem:
+                    raise ConfigError(problem if cli else problem.replace("--policy", "policy"))
+            if self.generation_backend != "hf":
+                raise ConfigError(f"{flag('policy')} scored runs on {flag('generation_backend')} "
+                                  "hf only (it scores with the trained model itself)")  # fmt: skip
+            if self.rollout != "flat":
+                raise ConfigError(f"{flag('policy')} scored supports {flag('rollout')} flat only")
+        if self.action_temperature < 0:
+            raise ConfigError(
+                f"{flag('action_temperature')} must be at least 0, got {self.action_temperature}"
+            )
         if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
             raise ConfigError(f"{flag('micro_batch_tokens')} must be at least 1 (or None: "
                               f"sized from the model), got {self.micro_batch_tokens}")  # fmt: skip
@@ -364,7 +427,7 @@ class Config:
         if self.fmt is not None:
             choose("fmt", FORMATS)
         if self.prompt_template is not None:
-            choose("prompt_template", ["compact", *sorted(PROMPT_TEMPLATES)])
+            choose("prompt_template", ["actions", "compact", *sorted(PROMPT_TEMPLATES)])
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ConfigError(f"{flag('device')} {self.device!r} is not known; choose one of: "
                               "auto, cpu, cuda, cuda:N")  # fmt: skip
@@ -400,6 +463,10 @@ class Config:
         problem = env_problem(self.env, self.env_kwargs, (self.train_split, self.eval_split))
         if problem:
             raise ConfigError(f"{flag('env')} {self.env}: {problem}")
+        for env_id in self.extra_envs:
+            problem = env_problem(env_id, {}, ())
+            if problem:
+                raise ConfigError(f"{flag('env')} {env_id}: {problem}")
 
 
 def check_env_id(env: str) -> None:
@@ -658,7 +725,20 @@ def build_parser() -> argparse.ArgumentParser:
         if f.name in demo and demo[f.name] != default:
             shown += f"; without --env, the demo's: {demo[f.name]!r}"
         help_text = f"{docs.get(f.name, '')} ({shown})".replace("%", "%%")
-        if is_bool:
+        if f.name in ("extra_envs", "env_weights"):  # spelt --env again, --env-weight
+            continue
+        if f.name == "env":  # repeatable: several envs in one run
+            parser.add_argument(
+                flag, dest="env", action="append", help=help_text + " Repeat for several envs."
+            )
+            parser.add_argument(
+                "--env-weight",
+                dest="env_weights",
+                action="append",
+                type=float,
+                help=docs.get("env_weights", "").replace("%", "%%") + " (default: equal)",
+            )
+        elif is_bool:
             parser.add_argument(
                 flag, dest=f.name, action=argparse.BooleanOptionalAction, help=help_text
             )
@@ -678,6 +758,9 @@ def parse_args(argv: list[str] | None = None, notes: list[str] | None = None) ->
     config is known to be valid, so that an error stays one line).
     """
     given = vars(build_parser().parse_args(argv))
+    if "env" in given:  # --env A --env B: the first is `env`, the others `extra_envs`
+        envs = given.pop("env")
+        given["env"], given["extra_envs"] = envs[0], envs[1:]
     if given.get("resume") is not None:
         skipped: list[str] = []
         checkpoint = resolve_resume(given["resume"], skipped)  # past damaged checkpoints

@@ -19,11 +19,18 @@ import numpy as np
 from agentgym.vector import GroupVectorEnv, Trajectory
 from agentgym.wrappers.llm import PromptTemplate, make_llm_env
 from trainers.gigpo.policy import Generation, Policy
+from trainers.gigpo.scored import ACTIONS_TEMPLATE
 
 #: The observation (and the recent history) only: no role text, no admissible-action list, no
 #: format instruction. For tiny models trained from scratch, whose every prompt token costs
 #: update time on a CPU and carries nothing they can read.
 COMPACT_TEMPLATE = PromptTemplate(first="{observation}", later="{history}\n{observation}")
+
+#: Prompt templates the trainer adds to ``agentgym.wrappers.llm.PROMPT_TEMPLATES``, by name.
+TRAINER_TEMPLATES: dict[str, PromptTemplate] = {
+    "compact": COMPACT_TEMPLATE,
+    "actions": ACTIONS_TEMPLATE,
+}
 
 
 @dataclass
@@ -58,6 +65,10 @@ class RolloutBatch:
     branch_ids: np.ndarray | None = None
     """(N,) int64, tree rollouts only: the branch group of a row taken at a branch point (its
     siblings act from the same state), -1 elsewhere; what ``compute_advantage("slate")`` reads"""
+    env_ids: np.ndarray | None = None
+    """(N,) int64, runs over several envs only: the env (index in the run's env list) of a row"""
+    traj_env_ids: np.ndarray | None = None
+    """(len(trajectories),) int64, runs over several envs only: the env of each episode"""
     row_start: np.ndarray | None = None
     """(T,) int64, tree rollouts only: the first own step of each trajectory (its shared prefix,
     copied from the source, is not repeated in the rows)"""
@@ -81,11 +92,13 @@ def make_group_env(
     """A :class:`GroupVectorEnv` whose envs take raw model text and return rendered prompts.
 
     ``template``: a name in ``agentgym.wrappers.llm.PROMPT_TEMPLATES``, ``"compact"``
-    (:data:`COMPACT_TEMPLATE`), a ``PromptTemplate``, or None for the env family's template.
+    (:data:`COMPACT_TEMPLATE`), ``"actions"`` (the scored-action policy's short prompt,
+    ``trainers.gigpo.scored.ACTIONS_TEMPLATE``), a ``PromptTemplate``, or None for the env
+    family's template.
     """
     llm_kwargs: dict[str, Any] = {"history_length": history_length}
     if template is not None:
-        llm_kwargs["template"] = COMPACT_TEMPLATE if template == "compact" else template
+        llm_kwargs["template"] = TRAINER_TEMPLATES.get(template, template)
     if fmt is not None:
         llm_kwargs["fmt"] = fmt
     return GroupVectorEnv(
@@ -140,6 +153,9 @@ def _play_round(
     time spent to ``timings["generate"]`` and ``timings["env"]``.
     """
     t0 = time.perf_counter()
+    if getattr(policy, "needs_admissible", False):  # the scored-action policy
+        infos = venv.infos_list
+        kwargs = {**kwargs, "admissible": [infos[i].get("admissible_actions") for i in live]}
     out = policy.generate([obs[i] for i in live], **kwargs)
     timings["generate"] += time.perf_counter() - t0
     actions = [""] * venv.num_envs

@@ -31,8 +31,9 @@ Metric names (stable; "<type>" is ``info["task_type"]`` where the env reports on
 ``rollout/episode_length``, ``rollout/invalid_rate``, ``rollout/response_tokens``,
 ``rollout/logprob_diff``, ``advantage/mean``, ``advantage/std``, ``advantage/<step-group stat>``,
 ``update/loss``, ``update/pg_loss``, ``update/kl``, ``update/clip_fraction``, ``update/entropy``,
-``update/grad_norm``, ``update/approx_kl_old``, ``eval/success_rate``, ``eval/success_rate/<type>``,
-``eval/return``, ``time/generate``, ``time/env``, ``time/advantage``, ``time/update``,
+``update/grad_norm``, ``update/approx_kl_old``, ``update/first_ratio_dev`` (max |ratio - 1|
+over the tokens before the iteration's first optimizer step: 0 up to float rounding),
+``eval/success_rate``, ``eval/success_rate/<type>``, ``eval/return``, ``time/generate``, ``time/env``, ``time/advantage``, ``time/update``,
 ``time/eval``, ``time/iteration``, ``time/tokens_per_s`` (generated tokens per second of
 generation), ``time/update_tokens_per_s`` (prompt + response tokens of the rows per second of
 update), plus ``iteration`` and ``samples`` (trajectories so far).
@@ -48,6 +49,7 @@ update otherwise, writes a checkpoint and prints one line saying how to resume.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import random
@@ -96,15 +98,23 @@ from trainers.gigpo.logprobs import (
 )
 from trainers.gigpo.logprobs import response_forward as response_forward  # re-exported
 from trainers.gigpo.loss import kl_k3, masked_mean, ppo_clip_loss
+from trainers.gigpo.multienv import (
+    MixedEnvs,
+    advantages_per_env,
+    collect_any,
+    env_configs,
+    env_metrics,
+    split_groups,
+)
 from trainers.gigpo.packing import INFERENCE_FACTOR, auto_token_budget, supports_varlen
 from trainers.gigpo.policy import HFPolicy, VLLMPolicy
 from trainers.gigpo.rollout import (
     RolloutBatch,
-    collect,
     collect_stepwise,
     collect_tree,
     make_group_env,
 )
+from trainers.gigpo.scored import ScoredActionPolicy
 
 
 # ----------------------------------------------------------------------------------------------
@@ -115,6 +125,12 @@ def env_texts(config: Config, episodes: int = 24) -> list[str]:
 
     Plays a few episodes of random admissible (and some invalid) actions on every split used.
     """
+    if config.extra_envs:  # every env's texts, each under its own settings
+        return [
+            text
+            for c in env_configs(config)
+            for text in env_texts(dataclasses.replace(c, extra_envs=[]), episodes)
+        ]
     rng = random.Random(config.seed)
     texts: list[str] = []
     splits = {config.train_split, config.eval_split}
@@ -336,6 +352,41 @@ def _env_kwargs(config: Config) -> dict[str, Any]:
     return kwargs
 
 
+def make_run_envs(config: Config, num_groups: int, group_size: int, *, evaluation: bool) -> Any:
+    """The run's group env: one ``GroupVectorEnv``, or with ``extra_envs`` a
+    :class:`~trainers.gigpo.multienv.MixedEnvs` whose groups are split between the envs
+    (training: by ``env_weights``; evaluation: evenly), each env with its own settings."""
+    configs = env_configs(config)
+
+    def make(c: Config, groups: int) -> Any:
+        return make_group_env(
+            c.env,
+            num_groups=groups,
+            group_size=group_size,
+            fmt=c.fmt,
+            history_length=c.history_length,
+            template=c.prompt_template,
+            env_kwargs=_env_kwargs(c),
+            backend=config.env_backend,
+            num_workers=config.env_workers,
+        )
+
+    if len(configs) == 1:
+        return make(config, num_groups)
+    weights = [1.0] * len(configs) if evaluation else config.env_weights or [1.0] * len(configs)
+    counts = split_groups(max(num_groups, len(configs)), weights)
+    split = "eval_split" if evaluation else "train_split"
+    return MixedEnvs(
+        names=[c.env for c in configs],
+        venvs=[make(c, n) for c, n in zip(configs, counts, strict=True)],
+        options=[_split_options(getattr(c, split)) for c in configs],
+        # Held-out tasks: without an eval split, seeds far from the training seeds.
+        seeds=[2**31 - 1 - config.seed if c.eval_split is None else config.seed for c in configs]
+        if evaluation
+        else None,
+    )
+
+
 def make_judge(config: Config, model: Any = None, tokenizer: Any = None) -> Any:
     """The per-round judge of ``--judge``: the env family's rule judge, or an LLM judge (the
     policy model itself with ``--judge-model policy``, else the causal LM named there)."""
@@ -426,7 +477,7 @@ def evaluate(
     t0 = time.perf_counter()
     # Without a held-out split, seeds far from the training seeds give other tasks.
     seed = 2**31 - 1 - config.seed if config.eval_split is None else config.seed
-    batch = collect(
+    batch = collect_any(
         eval_venv,
         RolloutProgress(policy, phase, eval_venv.num_envs, "eval"),
         seed=seed,
@@ -435,6 +486,8 @@ def evaluate(
     )
     record = {"iteration": iteration, "samples": samples}
     record.update(episode_metrics("eval", batch))
+    if isinstance(eval_venv, MixedEnvs):  # and per env
+        record.update(env_metrics("eval", batch, eval_venv.names, episode_metrics))
     record["time/eval"] = time.perf_counter() - t0
     return record
 
@@ -545,10 +598,19 @@ def train(config: Config) -> list[dict[str, Any]]:
 
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
 
-    if config.generation_backend == "vllm":
+    if config.policy == "scored":  # choose among admissible actions (trainers/gigpo/scored.py)
+        policy: Any = ScoredActionPolicy(
+            model,
+            tokenizer,
+            token_temperature=config.temperature if config.temperature > 0 else 1.0,
+            action_temperature=config.action_temperature,
+            max_prompt_tokens=config.max_prompt_tokens,
+            autocast=autocast,
+        )
+    elif config.generation_backend == "vllm":
         if config.model == "tiny":
             raise ValueError("the vLLM backend needs a real model path (--model ...), not 'tiny'")
-        policy: Any = VLLMPolicy(
+        policy = VLLMPolicy(
             config.model,
             tokenizer,
             temperature=config.temperature,
@@ -590,30 +652,10 @@ def train(config: Config) -> list[dict[str, Any]]:
         if "contributions" in estimator.inputs or config.rollout == "stepwise"
         else None
     )
-    venv = make_group_env(
-        config.env,
-        num_groups=config.num_groups,
-        group_size=config.group_size,
-        fmt=config.fmt,
-        history_length=config.history_length,
-        template=config.prompt_template,
-        env_kwargs=_env_kwargs(config),
-        backend=config.env_backend,
-        num_workers=config.env_workers,
-    )
+    venv = make_run_envs(config, config.num_groups, config.group_size, evaluation=False)
     eval_venv = None
     if config.eval_tasks() > 0:
-        eval_venv = make_group_env(
-            config.env,
-            num_groups=config.eval_tasks(),
-            group_size=1,
-            fmt=config.fmt,
-            history_length=config.history_length,
-            template=config.prompt_template,
-            env_kwargs=_env_kwargs(config),
-            backend=config.env_backend,
-            num_workers=config.env_workers,
-        )
+        eval_venv = make_run_envs(config, config.eval_tasks(), 1, evaluation=True)
 
     start, history = 0, []
     if state is not None:
@@ -700,7 +742,7 @@ def train(config: Config) -> list[dict[str, Any]]:
                     options=_split_options(config.train_split),
                 )
             else:
-                batch = collect(
+                batch = collect_any(
                     venv,
                     progress,
                     seed=config.seed * 1_000_003 + it,
@@ -708,28 +750,38 @@ def train(config: Config) -> list[dict[str, Any]]:
                 )
             record: dict[str, Any] = {"iteration": it + 1, "samples": (it + 1) * venv.num_envs}
             record.update(episode_metrics("rollout", batch))
+            if isinstance(venv, MixedEnvs):  # and per env
+                record.update(env_metrics("rollout", batch, venv.names, episode_metrics))
             record["rollout/actions"] = len(batch)
             record["rollout/invalid_rate"] = float(batch.invalid.mean())
             record["rollout/response_tokens"] = float(np.mean([len(r) for r in batch.response_ids]))
 
             # ADVANTAGE -------------------------------------------------------------------
             t0 = time.perf_counter()
-            adv = compute_advantage(
-                config.advantage,
-                group_ids=batch.group_ids,
-                traj_ids=batch.traj_ids,
-                step_ids=batch.step_ids,
-                rewards=batch.rewards,
-                state_keys=batch.state_keys,
-                invalid=batch.invalid,
-                **estimator_inputs(estimator, batch, judge),
-                **advantage_options,
-            )
-            advantages = torch.as_tensor(np.asarray(adv.advantages, dtype=np.float32))
+
+            def advantage_of(batch: RolloutBatch) -> Any:
+                return compute_advantage(
+                    config.advantage,
+                    group_ids=batch.group_ids,
+                    traj_ids=batch.traj_ids,
+                    step_ids=batch.step_ids,
+                    rewards=batch.rewards,
+                    state_keys=batch.state_keys,
+                    invalid=batch.invalid,
+                    **estimator_inputs(estimator, batch, judge),
+                    **advantage_options,
+                )
+
+            if batch.env_ids is None:
+                adv = advantage_of(batch)
+                values, adv_stats = adv.advantages, adv.stats
+            else:  # several envs: each env's rows alone (trainers/gigpo/multienv.py)
+                values, adv_stats = advantages_per_env(batch, advantage_of)
+            advantages = torch.as_tensor(np.asarray(values, dtype=np.float32))
             time_advantage = time.perf_counter() - t0
             record["advantage/mean"] = float(advantages.mean())
             record["advantage/std"] = float(advantages.std()) if len(advantages) > 1 else 0.0
-            for k, v in (adv.stats or {}).items():
+            for k, v in (adv_stats or {}).items():
                 if isinstance(v, (int, float, np.floating, np.integer)):
                     record[f"advantage/{k}"] = float(v)
 
@@ -751,6 +803,7 @@ def train(config: Config) -> list[dict[str, Any]]:
                     temp, infer_budget, packed,
                 )  # fmt: skip
             diffs: list[float] = []
+            first_ratio_dev = 0.0  # max |ratio - 1| over the tokens before the first step
             ref: list[torch.Tensor] | None = None
             if config.kl_coef > 0:
                 if reference is not None:
@@ -798,6 +851,9 @@ def train(config: Config) -> list[dict[str, Any]]:
                                 [torch.tensor(batch.sample_logprobs[i]) for i in idx], width, device
                             )
                             diffs.append(float(masked_mean((old_lp - sampled).abs(), mask)))
+                        if steps == 0:  # no optimizer step yet: every ratio must be 1
+                            dev = ((logp.detach() - old_lp).exp() - 1).abs() * mask
+                            first_ratio_dev = max(first_ratio_dev, float(dev.max()))
                         adv_tok = (
                             advantages[torch.as_tensor(idx)].to(device)[:, None].expand(-1, width)
                         )
@@ -833,6 +889,7 @@ def train(config: Config) -> list[dict[str, Any]]:
                     console.optimizer_step()
             policy.sync_weights(model)
             record["rollout/logprob_diff"] = float(np.mean(diffs)) if diffs else 0.0
+            record["update/first_ratio_dev"] = first_ratio_dev
             for k, v in sums.items():
                 record[k] = v / max(steps, 1)
             if ref is None:
