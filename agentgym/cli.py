@@ -409,7 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"agentgym {agentgym.__version__}")
     # not required=True: argparse would then report a missing command before an unknown flag
-    sub = p.add_subparsers(dest="command", metavar="{list,play,rollout,bench,eval,models,retrieval,serve}")
+    sub = p.add_subparsers(
+        dest="command", metavar="{list,play,rollout,bench,eval,models,retrieval,serve}"
+    )
 
     sub.add_parser("list", help="registered ids, their family, packages and data").set_defaults(
         func=cmd_list

@@ -73,7 +73,21 @@ def snapshot_env(env: gym.Env, last: tuple[str, dict[str, Any]] | None) -> Group
         ),
         protocol=pickle.HIGHEST_PROTOCOL,
     )
-    return GroupEnvSnapshot(*(getattr(base, name) for name in _BASE_FIELDS), wrapped=wrapped)
+    fields = {name: getattr(base, name) for name in _BASE_FIELDS}
+    if fields["done"] is None and _time_limit_reached(chain):
+        # the step cap is gymnasium's TimeLimit, outside the env: an episode it truncated is
+        # over although the env itself never ended it
+        fields["done"] = (False, True)
+    return GroupEnvSnapshot(**fields, wrapped=wrapped)
+
+
+def _time_limit_reached(chain: list[gym.Wrapper]) -> bool:
+    return any(
+        isinstance(w, gym.wrappers.TimeLimit)
+        and w._max_episode_steps is not None
+        and (w._elapsed_steps or 0) >= w._max_episode_steps
+        for w in chain
+    )
 
 
 def restore_env(env: gym.Env, snap: EnvSnapshot) -> tuple[str, dict[str, Any]]:

@@ -137,6 +137,12 @@ def smollm2_server(smollm2_path, tmp_path_factory):
                 "--port",
                 str(port),
                 "--continuous-batching",
+                # an explicit KV cache (8,192 tokens): sized by default for a GPU, on CPU the
+                # server grew to 14 GB and was killed for memory
+                "--cb-block-size",
+                "32",
+                "--cb-num-blocks",
+                "256",
             ],
             stdout=out,
             stderr=subprocess.STDOUT,

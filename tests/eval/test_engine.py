@@ -163,3 +163,21 @@ def test_an_unusable_policy_fails_the_run_once():
 
     with pytest.raises(PolicyUnavailable, match="prompt log-probs"):
         _run(RolloutEngine(Unusable()), make_episodes("AgentGym/Corridor-v0", tasks=3))
+
+
+def test_alfworld_games_first_loaded_by_concurrent_resets_all_play():
+    """The engine resets envs in a thread pool; ALFWorld's shared per-game caches parse
+    TextWorld grammar on first use, with parsers that are not thread-safe. Cold caches and many
+    concurrent resets on the same games: every episode must play, none end in an env error."""
+    from agentgym.envs.alfworld.engine import clear_game_cache
+    from agentgym.envs.alfworld.grammar import parse_query, parse_symbols
+
+    for attempt in range(3):  # a race: cold caches each time, so each attempt can catch it
+        clear_game_cache()
+        parse_symbols.cache_clear()
+        parse_query.cache_clear()
+        specs = make_episodes("AgentGym/ALFWorld-Synthetic-v0", tasks=[0, 1, 2], group_size=4)
+        records = _run(RolloutEngine(FirstAdmissible(), max_turns=1, concurrency=16), specs)
+        errors = [r.error for r in records if r.end_reason == "env_error"]
+        assert not errors, f"attempt {attempt}: {errors}"
+        assert all(len(r.turns) == 1 for r in records)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+import threading
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any
@@ -32,6 +33,12 @@ __all__ = ["ActionText", "Grammar", "parse_grammar_document", "parse_symbols", "
 #   ("c", inner, query|None)   conditional  {inner | query}; inner is an "n" or "e" symbol
 #   ("l", conditional)         list         [{...}]
 Symbol = tuple
+
+# textworld's grammar and logic parsers are module-level tatsu parsers with mutable state: two
+# threads parsing at once corrupt it (IndexError in tatsu), and envs of one process share the
+# per-game caches that call them, so envs stepped from a thread pool must parse one at a time.
+# Re-entrant: converting a parsed symbol parses its query.
+_TEXTWORLD_PARSER_LOCK = threading.RLock()
 
 
 def _convert(node: Any) -> Symbol:
@@ -57,7 +64,8 @@ def parse_symbols(text: str) -> tuple[Symbol, ...]:
     """Parse a right-hand side (or a derivation start string) once per process."""
     from textworld.envs.pddl.textgen import _parse_and_convert
 
-    return tuple(_convert(s) for s in _parse_and_convert(text, rule_name="symbols"))
+    with _TEXTWORLD_PARSER_LOCK:
+        return tuple(_convert(s) for s in _parse_and_convert(text, rule_name="symbols"))
 
 
 @cache
@@ -65,7 +73,8 @@ def parse_query(text: str) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...
     """Parse a conjunctive query ``p(a:t, b:t) & q(...)`` into ``((pred, ((ph, type), ...)), ...)``."""
     from textworld.logic import Rule
 
-    rule = Rule.parse_conjunctive_query(text)
+    with _TEXTWORLD_PARSER_LOCK:
+        rule = Rule.parse_conjunctive_query(text)
     return tuple(
         (pred.name, tuple((ph.name, ph.type) for ph in pred.parameters))
         for pred in rule.preconditions

@@ -1,0 +1,373 @@
+"""Async against lockstep rollouts: the same episodes against the same real batching server.
+
+Starts ``transformers serve <SmolLM2-135M-Instruct folder> --device cpu --continuous-batching``
+on 127.0.0.1, then plays the same episodes with :class:`agentgym.eval.RolloutEngine` twice per
+repeat, once async (every episode its own coroutine) and once in lockstep (generate for every
+active episode, then step every one), greedy so both arms see the same model text. Both arms get
+the same request limit and the same number of episodes running at once (``--concurrency``).
+
+Two settings, interleaved repeat by repeat (async, lockstep, lockstep, async, ...) so both arms
+of each comparison see the same machine load:
+
+- ``varied``: episode lengths vary; each episode gets its own step cap (gymnasium's
+  ``max_episode_steps``), drawn once from ``--caps`` (the model almost never finishes an
+  episode on its own, so the cap is what sets the length, as a long ALFWorld game would);
+- ``uniform``: every episode the same cap (the mean of the varied caps, rounded).
+
+Per run: wall time, requests in flight over time (sampled every 0.25 s) with the time-weighted
+mean and peak, and where the time goes: per episode, time waiting for and in generation, time
+in env steps, and the rest (waiting on the other episodes of a lockstep round).
+
+    python benchmarks/bench_async_rollout.py                 # ~6-10 min on 2 loaded CPU cores
+    python benchmarks/bench_async_rollout.py --quick         # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+CB_FLAGS = ["--cb-block-size", "32", "--cb-num-blocks", "256", "--cb-max-batch-tokens", "2048"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(folder: Path, threads: int, log: Path, extra: list[str]) -> tuple[Any, str, list]:
+    """``transformers serve`` on loopback; (process, base URL, the command)."""
+    exe = shutil.which("transformers")
+    if exe is None:
+        sys.exit("the `transformers` command is not installed: pip install transformers")
+    port = _free_port()
+    cmd = [exe, "serve", str(folder), "--device", "cpu", "--host", "127.0.0.1"]
+    # Without an explicit KV-cache size continuous batching sizes its paged cache from memory
+    # meant for a GPU: on CPU the server grew to 14 GB and was killed for memory. 256 blocks of
+    # 32 tokens hold 8,192 tokens (~0.4 GB for SmolLM2-135M), far more than the runs need.
+    cmd += ["--port", str(port), "--continuous-batching", *CB_FLAGS, *extra]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    out = log.open("wb")
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while True:
+        if proc.poll() is not None:
+            sys.exit(f"transformers serve exited ({proc.returncode}): {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as reply:
+                if reply.status == 200:
+                    return proc, url, cmd
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            sys.exit(f"transformers serve did not answer in 300 s: {log.read_text()[-2000:]}")
+        time.sleep(1.0)
+
+
+class Recorded:
+    """A policy that records each request's start and end (seconds since :meth:`reset`)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.plain_actions = inner.plain_actions
+        self.reset()
+
+    def reset(self) -> None:
+        self.t0 = time.perf_counter()
+        self.spans: list[tuple[float, float]] = []
+
+    async def act(self, messages, params, info=None):
+        start = time.perf_counter() - self.t0
+        try:
+            return await self.inner.act(messages, params, info)
+        finally:
+            self.spans.append((start, time.perf_counter() - self.t0))
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def describe(self) -> dict[str, Any]:
+        return self.inner.describe()
+
+
+def in_flight_timeline(spans: list[tuple[float, float]], step: float) -> list[int]:
+    """Requests in flight at t = 0, step, 2*step, ... until the last one ends."""
+    end = max((e for _, e in spans), default=0.0)
+    return [
+        sum(1 for s, e in spans if s <= t < e)
+        for t in (i * step for i in range(int(end / step) + 1))
+    ]
+
+
+def episodes(env_id: str, caps: list[int], seed: int):
+    from agentgym.eval import EpisodeSpec
+
+    return [
+        EpisodeSpec(env_id, task=i, seed=seed + i, group=i, env_kwargs={"max_episode_steps": c})
+        for i, c in enumerate(caps)
+    ]
+
+
+def run_once(url: str, specs, args, lockstep: bool) -> dict[str, Any]:
+    from agentgym.eval import OpenAIChatPolicy, RolloutEngine, SamplingParams
+
+    # a fresh client per run: its connections belong to this run's event loop
+    policy = Recorded(OpenAIChatPolicy(url, logprobs=False, timeout=600, retries=2))
+
+    engine = RolloutEngine(
+        policy,
+        SamplingParams(0.0, 1.0, args.max_tokens),
+        concurrency=args.concurrency,
+        max_active=args.concurrency,
+        lockstep=lockstep,
+        history_length=args.history_length,
+    )
+    load = os.getloadavg()[0]
+
+    async def go():
+        policy.reset()
+        try:
+            return await engine.run(specs)
+        finally:
+            await policy.aclose()
+
+    records = asyncio.run(go())
+    engine.close()
+    stats = engine.stats
+    gen = [sum(t.latency_s for t in r.turns) for r in records]
+    env = [sum(t.step_s for t in r.turns) for r in records]
+    waits = [max(0.0, r.wall_s - g - e) for r, g, e in zip(records, gen, env, strict=True)]
+    spans = policy.spans
+    tokens = sum(t.completion_tokens or 0 for r in records for t in r.turns)
+    return {
+        "mode": "lockstep" if lockstep else "async",
+        "wall_s": stats.wall_s,
+        "turns": stats.turns,
+        "requests": stats.requests,
+        "completion_tokens": tokens,
+        "prompt_tokens": sum(t.prompt_tokens or 0 for r in records for t in r.turns),
+        "tokens_per_s": tokens / stats.wall_s if stats.wall_s else 0.0,
+        "errors": stats.errors,
+        "end_reasons": {
+            k: sum(1 for r in records if r.end_reason == k)
+            for k in sorted({r.end_reason for r in records})
+        },
+        "in_flight_mean": stats.mean_in_flight,
+        "in_flight_peak": stats.max_in_flight,
+        "in_flight_timeline": in_flight_timeline(spans, args.sample_s),
+        "request_latency_median_s": statistics.median(e - s for s, e in spans) if spans else None,
+        # per episode, summed: generation (queueing for a request slot included), env steps,
+        # and the rest of its wall time (lockstep: waiting on the round's other episodes)
+        "episode_generation_s": sum(gen),
+        "episode_env_s": sum(env),
+        "episode_waiting_s": sum(waits),
+        "episode_wall_s": sum(r.wall_s for r in records),
+        "load_average_1m": load,
+        "actions": [[t.text for t in r.turns] for r in records],
+    }
+
+
+def batching_probe(url: str, n: int, max_tokens: int) -> dict[str, float]:
+    """Wall time of one request alone, then of ``n`` identical ones sent at once: whether (and
+    how much) the server batches concurrent requests on this machine."""
+    from agentgym.eval import OpenAIChatPolicy, SamplingParams
+
+    messages = [{"role": "user", "content": "Name three colours, one per line."}]
+    params = SamplingParams(0.0, 1.0, max_tokens)
+    errors: list[str] = []
+
+    async def go(k: int) -> float:
+        policy = OpenAIChatPolicy(url, logprobs=False, timeout=600, retries=2)
+        try:
+            started = time.perf_counter()
+            outs = await asyncio.gather(*(policy.act(messages, params) for _ in range(k)))
+            wall = time.perf_counter() - started
+            errors.extend(o.error for o in outs if o.error)
+            return wall
+        finally:
+            await policy.aclose()
+
+    one = asyncio.run(go(1))
+    many = asyncio.run(go(n))
+    return {
+        "one_request_s": one,
+        f"{n}_requests_at_once_s": many,
+        "throughput_gain": n * one / many,
+        "errors": errors,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--env", default="AgentGym/Corridor-v0")
+    ap.add_argument("--episodes", type=int, default=8)
+    ap.add_argument(
+        "--caps",
+        default="1,6,1,4,1,6,2,3",
+        help="'varied': episode i's step cap is the i-th (cycled)",
+    )
+    ap.add_argument("--concurrency", type=int, default=4, help="requests and episodes at once")
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--history-length", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="server's torch/OMP threads")
+    ap.add_argument("--settings", default="varied,uniform")
+    ap.add_argument("--sample-s", type=float, default=0.25)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--serve-arg", action="append", default=[], help="extra serve flag")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "async_rollout.json"))
+    args = ap.parse_args()
+    if args.quick:
+        args.episodes, args.caps, args.repeats, args.max_tokens = 4, "1,3,1,2", 1, 8
+
+    from agentgym.models import model_path
+
+    pool = [int(c) for c in args.caps.split(",")]
+    varied = [pool[i % len(pool)] for i in range(args.episodes)]
+    uniform = [round(statistics.mean(varied))] * args.episodes
+    settings = {"varied": varied, "uniform": uniform}
+    settings = {k: settings[k] for k in args.settings.split(",")}
+
+    folder = model_path("smollm2-135m")
+    log = Path(tempfile.mkdtemp(prefix="agentgym-serve-")) / "serve.log"
+    load_start = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    proc, url, cmd = start_server(folder, args.threads, log, args.serve_arg)
+    start_s = time.perf_counter() - t0
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in settings}
+    try:
+        # warm-up: the first request pays for lazy setup on the server
+        run_once(url, episodes(args.env, [1], args.seed + 1000), args, lockstep=False)
+        probe = batching_probe(url, args.concurrency, args.max_tokens)
+        print(f"batching probe: {probe}", file=sys.stderr, flush=True)
+        for rep in range(args.repeats):
+            for name, caps in settings.items():
+                order = [False, True] if rep % 2 == 0 else [True, False]
+                for lockstep in order:
+                    result = run_once(url, episodes(args.env, caps, args.seed), args, lockstep)
+                    result["repeat"] = rep
+                    runs[name].append(result)
+                    print(
+                        f"[{name} rep {rep}] {result['mode']:<8} {result['wall_s']:6.1f} s  "
+                        f"in flight {result['in_flight_mean']:.2f}  load {result['load_average_1m']:.1f}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+    summary: dict[str, Any] = {}
+    for name, results in runs.items():
+        by = {m: [r for r in results if r["mode"] == m] for m in ("async", "lockstep")}
+        med = {m: statistics.median(r["wall_s"] for r in rs) for m, rs in by.items()}
+        pairs = [
+            lock["wall_s"] / asy["wall_s"]
+            for asy in by["async"]
+            for lock in by["lockstep"]
+            if asy["repeat"] == lock["repeat"]
+        ]
+        same = sum(
+            a["actions"] == b["actions"]
+            for a in by["async"]
+            for b in by["lockstep"]
+            if a["repeat"] == b["repeat"]
+        )
+        summary[name] = {
+            "caps": settings[name],
+            "total_turn_cap": sum(settings[name]),
+            "wall_s_median": med,
+            "speedup_lockstep_over_async": med["lockstep"] / med["async"],
+            "speedup_per_repeat": pairs,
+            "in_flight_mean_median": {
+                m: statistics.median(r["in_flight_mean"] for r in rs) for m, rs in by.items()
+            },
+            "time_split_median": {
+                m: {
+                    k: statistics.median(r[f"episode_{k}_s"] / r["episode_wall_s"] for r in rs)
+                    for k in ("generation", "env", "waiting")
+                }
+                for m, rs in by.items()
+            },
+            "request_latency_median_s": {
+                m: statistics.median(r["request_latency_median_s"] for r in rs)
+                for m, rs in by.items()
+            },
+            "tokens_per_s_median": {
+                m: statistics.median(r["tokens_per_s"] for r in rs) for m, rs in by.items()
+            },
+            "repeats_with_identical_actions": f"{same} of {len(pairs)}",
+        }
+        print(
+            f"{name}: async {med['async']:.1f} s, lockstep {med['lockstep']:.1f} s, "
+            f"lockstep/async {med['lockstep'] / med['async']:.2f}x",
+            file=sys.stderr,
+        )
+    for results in runs.values():
+        for r in results:
+            r.pop("actions")
+    report = {
+        "benchmark": "async vs lockstep rollouts against transformers serve --continuous-batching",
+        "command": "python benchmarks/bench_async_rollout.py " + " ".join(sys.argv[1:]),
+        "server": {
+            "command": " ".join(["transformers", *cmd[1:]]),
+            "env": {"OMP_NUM_THREADS": args.threads, "MKL_NUM_THREADS": args.threads},
+            "start_s": start_s,
+            "batching_probe": probe,
+        },
+        "model": str(folder),
+        "env_id": args.env,
+        "episodes": args.episodes,
+        "concurrency": args.concurrency,
+        "max_active": args.concurrency,
+        "max_tokens": args.max_tokens,
+        "temperature": 0.0,
+        "history_length": args.history_length,
+        "repeats": args.repeats,
+        "sample_s": args.sample_s,
+        "cpus": os.cpu_count(),
+        "load_average_1m_start": load_start,
+        "load_average_1m_end": os.getloadavg()[0],
+        "python": platform.python_version(),
+        "summary": summary,
+        "runs": runs,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2, default=str))
+    os.replace(tmp, out)
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
