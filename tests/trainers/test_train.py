@@ -124,7 +124,7 @@ def test_checkpoint_resume_restores_state(tmp_path):
 
     # Resuming runs only the missing iteration and keeps the earlier history.
     seen = []
-    import trainers.gigpo.train as train_module
+    import trainers.gigpo.multienv as train_module  # where the flat rollout's collect is called
 
     real_collect = train_module.collect
 
