@@ -488,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     from agentgym.integrations.openenv_cli import add_parser as add_serve_parser
 
     add_serve_parser(sub)
-    from agentgym.eval.cli import add_parser as add_eval_parser  # `agentgym eval`, `models`
+    from agentgym.engine.cli import add_parser as add_eval_parser  # `agentgym eval`, `models`
 
     add_eval_parser(sub)
     return p

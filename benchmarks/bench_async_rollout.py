@@ -1,7 +1,7 @@
 """Async against lockstep rollouts: the same episodes against the same real batching server.
 
 Starts ``transformers serve <SmolLM2-135M-Instruct folder> --device cpu --continuous-batching``
-on 127.0.0.1, then plays the same episodes with :class:`agentgym.eval.RolloutEngine` twice per
+on 127.0.0.1, then plays the same episodes with :class:`agentgym.engine.RolloutEngine` twice per
 repeat, once async (every episode its own coroutine) and once in lockstep (generate for every
 active episode, then step every one), greedy so both arms see the same model text. Both arms get
 the same request limit and the same number of episodes running at once (``--concurrency``).
@@ -124,7 +124,7 @@ def in_flight_timeline(spans: list[tuple[float, float]], step: float) -> list[in
 
 
 def episodes(env_id: str, caps: list[int], seed: int):
-    from agentgym.eval import EpisodeSpec
+    from agentgym.engine import EpisodeSpec
 
     return [
         EpisodeSpec(env_id, task=i, seed=seed + i, group=i, env_kwargs={"max_episode_steps": c})
@@ -133,7 +133,7 @@ def episodes(env_id: str, caps: list[int], seed: int):
 
 
 def run_once(url: str, specs, args, lockstep: bool) -> dict[str, Any]:
-    from agentgym.eval import OpenAIChatPolicy, RolloutEngine, SamplingParams
+    from agentgym.engine import OpenAIChatPolicy, RolloutEngine, SamplingParams
 
     # a fresh client per run: its connections belong to this run's event loop
     policy = Recorded(OpenAIChatPolicy(url, logprobs=False, timeout=600, retries=2))
@@ -194,7 +194,7 @@ def run_once(url: str, specs, args, lockstep: bool) -> dict[str, Any]:
 def batching_probe(url: str, n: int, max_tokens: int) -> dict[str, float]:
     """Wall time of one request alone, then of ``n`` identical ones sent at once: whether (and
     how much) the server batches concurrent requests on this machine."""
-    from agentgym.eval import OpenAIChatPolicy, SamplingParams
+    from agentgym.engine import OpenAIChatPolicy, SamplingParams
 
     messages = [{"role": "user", "content": "Name three colours, one per line."}]
     params = SamplingParams(0.0, 1.0, max_tokens)

@@ -90,7 +90,7 @@ class RandomActionPolicy:
         self.rng = random.Random(seed)
 
     async def act(self, messages, params, info=None):
-        from agentgym.eval import PolicyOutput, candidate_actions
+        from agentgym.engine import PolicyOutput, candidate_actions
 
         actions = candidate_actions(info)
         if not actions:
@@ -105,7 +105,7 @@ class RandomActionPolicy:
 
 
 def _candidates_listed(env_id: str, split: str | None, seed: int) -> bool:
-    from agentgym.eval import candidate_actions
+    from agentgym.engine import candidate_actions
     from agentgym.wrappers.llm import make_llm_env
 
     env = make_llm_env(env_id, fmt="plain")
@@ -116,7 +116,7 @@ def _candidates_listed(env_id: str, split: str | None, seed: int) -> bool:
 
 
 def run_arm(name, policy, env_splits, tasks, group_size, params, args) -> dict[str, Any]:
-    from agentgym.eval import RolloutEngine, make_episodes, summarize
+    from agentgym.engine import RolloutEngine, make_episodes, summarize
 
     specs = []
     for env_id, split in env_splits.items():
@@ -174,7 +174,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from agentgym.eval import SamplingParams, ScoredActionPolicy, TransformersPolicy
+    from agentgym.engine import SamplingParams, ScoredActionPolicy, TransformersPolicy
     from agentgym.models import model_path
 
     tmp = Path(tempfile.mkdtemp(prefix="agentgym-baseline-"))

@@ -35,7 +35,7 @@ def test_the_design_rules_are_contracts():
         ("agentgym.envs", "agentgym.wrappers"),
         ("agentgym.envs", "agentgym.algorithms"),
         ("agentgym.envs", "agentgym.integrations"),
-        ("agentgym.envs", "agentgym.eval"),
+        ("agentgym.envs", "agentgym.engine"),
         ("agentgym.envs", "agentgym.vector"),
         ("agentgym.algorithms", "agentgym.envs"),
     ]:

@@ -1,49 +1,16 @@
-"""Real language models against agentgym envs: policies, the async rollout engine, summaries.
+"""Deprecated alias of :mod:`agentgym.engine`, kept for one release.
 
-See :mod:`agentgym.eval.engine` for a runnable example and ``agentgym eval -h`` for the command.
-Importing this package imports neither torch nor httpx: each policy imports its backend when
-built.
+The engine plays every episode against a model (evaluation, rollouts, training, the TRL and verl
+adapters), so it moved out of a package named for evaluation. Import from ``agentgym.engine``.
 """
 
-from agentgym.eval.engine import (
-    EngineStats,
-    EpisodeRecord,
-    EpisodeSpec,
-    RolloutEngine,
-    Turn,
-    make_episodes,
-    state_key_text,
-)
-from agentgym.eval.policies import (
-    OpenAIChatPolicy,
-    OpenAICompletionsScorer,
-    Policy,
-    PolicyOutput,
-    PolicyUnavailable,
-    SamplingParams,
-    ScoredActionPolicy,
-    TransformersPolicy,
-    candidate_actions,
-)
-from agentgym.eval.report import format_table, summarize
+import warnings
 
-__all__ = [
-    "EngineStats",
-    "EpisodeRecord",
-    "EpisodeSpec",
-    "OpenAIChatPolicy",
-    "OpenAICompletionsScorer",
-    "Policy",
-    "PolicyOutput",
-    "PolicyUnavailable",
-    "RolloutEngine",
-    "SamplingParams",
-    "ScoredActionPolicy",
-    "TransformersPolicy",
-    "Turn",
-    "candidate_actions",
-    "format_table",
-    "make_episodes",
-    "state_key_text",
-    "summarize",
-]
+from agentgym.engine import *  # noqa: F403
+from agentgym.engine import __all__  # noqa: F401
+
+warnings.warn(
+    "agentgym.eval is now agentgym.engine; the old name goes away in the next release",
+    DeprecationWarning,
+    stacklevel=2,
+)

@@ -6,7 +6,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from agentgym.eval.engine import EpisodeRecord
+from agentgym.engine.runner import EpisodeRecord
 
 __all__ = ["format_table", "summarize"]
 

@@ -92,7 +92,7 @@ def _model_folder(name_or_path: str) -> str:
 
 
 def _build_policy(args: argparse.Namespace):
-    from agentgym.eval.policies import (
+    from agentgym.engine.policies import (
         OpenAIChatPolicy,
         OpenAICompletionsScorer,
         ScoredActionPolicy,
@@ -132,8 +132,8 @@ def _build_policy(args: argparse.Namespace):
 def _check_env(env_id: str, args: argparse.Namespace, plain: bool) -> str | None:
     """Build the env once (warming its caches) and reset it on the first task: why it cannot
     be evaluated, or None."""
+    from agentgym.engine.policies import candidate_actions
     from agentgym.envs import entry
-    from agentgym.eval.policies import candidate_actions
     from agentgym.wrappers.llm import make_llm_env
 
     try:
@@ -154,9 +154,9 @@ def _check_env(env_id: str, args: argparse.Namespace, plain: bool) -> str | None
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Run the evaluation; exit 0 when it ran (whatever the model scored), 2 on bad setup."""
-    from agentgym.eval.engine import EpisodeRecord, RolloutEngine, make_episodes
-    from agentgym.eval.policies import PolicyUnavailable, SamplingParams
-    from agentgym.eval.report import format_table, summarize
+    from agentgym.engine.policies import PolicyUnavailable, SamplingParams
+    from agentgym.engine.report import format_table, summarize
+    from agentgym.engine.runner import EpisodeRecord, RolloutEngine, make_episodes
     from agentgym.models import ModelNotAvailable
 
     try:
@@ -370,7 +370,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m agentgym.eval.cli eval ...`` / ``... models get NAME``: on their own."""
+    """``python -m agentgym.engine.cli eval ...`` / ``... models get NAME``: on their own."""
     parser = argparse.ArgumentParser(prog="agentgym")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from agentgym.cli import main
-from agentgym.eval import (
+from agentgym.engine import (
     OpenAIChatPolicy,
     RolloutEngine,
     SamplingParams,

@@ -15,7 +15,7 @@ import torch
 
 import agentgym
 from agentgym.cli import main
-from agentgym.eval import (
+from agentgym.engine import (
     RolloutEngine,
     SamplingParams,
     ScoredActionPolicy,

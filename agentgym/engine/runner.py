@@ -16,7 +16,7 @@ episode, then step every one, and again, so each round waits for its slowest mem
 Example (the suite's SmolLM2 in-process, two Sokoban tasks, two episodes each)::
 
     import asyncio
-    from agentgym.eval import RolloutEngine, SamplingParams, TransformersPolicy, make_episodes
+    from agentgym.engine import RolloutEngine, SamplingParams, TransformersPolicy, make_episodes
     from agentgym.models import model_path
 
     policy = TransformersPolicy(model_path("smollm2-135m"), device="cpu")
@@ -38,7 +38,7 @@ from typing import Any
 import gymnasium as gym
 
 from agentgym.core import InvalidAction
-from agentgym.eval.policies import Policy, PolicyOutput, PolicyUnavailable, SamplingParams
+from agentgym.engine.policies import Policy, PolicyOutput, PolicyUnavailable, SamplingParams
 from agentgym.wrappers.llm import make_llm_env
 
 __all__ = [
@@ -248,7 +248,7 @@ class _Live:
 
 
 class RolloutEngine:
-    """Plays episodes against a :class:`~agentgym.eval.policies.Policy`, each in its own coroutine.
+    """Plays episodes against a :class:`~agentgym.engine.policies.Policy`, each in its own coroutine.
 
     Args:
         policy: the model.

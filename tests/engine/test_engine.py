@@ -13,7 +13,7 @@ import threading
 import gymnasium as gym
 import pytest
 
-from agentgym.eval import (
+from agentgym.engine import (
     EpisodeSpec,
     Policy,
     PolicyOutput,

@@ -100,7 +100,7 @@ def faulty_server():
 @pytest.fixture(scope="session")
 def smollm2_policy(smollm2_path):
     """The real SmolLM2-135M-Instruct in-process (one load per session), on CPU."""
-    from agentgym.eval import TransformersPolicy
+    from agentgym.engine import TransformersPolicy
 
     policy = TransformersPolicy(smollm2_path, device="cpu", seed=0)
     yield policy

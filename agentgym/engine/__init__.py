@@ -1,0 +1,52 @@
+"""The one engine that plays episodes against a language model: policies, the runner, summaries.
+
+Evaluation (``agentgym eval``), ``agentgym rollout``, the bundled trainer and the TRL and verl
+adapters all play their episodes here.
+
+See :mod:`agentgym.engine.runner` for a runnable example and ``agentgym eval -h`` for the command.
+Importing this package imports neither torch nor httpx: each policy imports its backend when
+built.
+"""
+
+from agentgym.engine.policies import (
+    OpenAIChatPolicy,
+    OpenAICompletionsScorer,
+    Policy,
+    PolicyOutput,
+    PolicyUnavailable,
+    SamplingParams,
+    ScoredActionPolicy,
+    TransformersPolicy,
+    candidate_actions,
+)
+from agentgym.engine.report import format_table, summarize
+from agentgym.engine.runner import (
+    EngineStats,
+    EpisodeRecord,
+    EpisodeSpec,
+    RolloutEngine,
+    Turn,
+    make_episodes,
+    state_key_text,
+)
+
+__all__ = [
+    "EngineStats",
+    "EpisodeRecord",
+    "EpisodeSpec",
+    "OpenAIChatPolicy",
+    "OpenAICompletionsScorer",
+    "Policy",
+    "PolicyOutput",
+    "PolicyUnavailable",
+    "RolloutEngine",
+    "SamplingParams",
+    "ScoredActionPolicy",
+    "TransformersPolicy",
+    "Turn",
+    "candidate_actions",
+    "format_table",
+    "make_episodes",
+    "state_key_text",
+    "summarize",
+]

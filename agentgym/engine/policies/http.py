@@ -1,0 +1,368 @@
+"""Policies over an OpenAI-compatible HTTP server (vLLM, SGLang, llama.cpp, ``transformers serve``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agentgym.engine.policies.base import (
+    Messages,
+    Policy,
+    PolicyOutput,
+    PolicyUnavailable,
+    SamplingParams,
+)
+
+# ---------------------------------------------------------------------------------------------
+# OpenAI-compatible HTTP
+# ---------------------------------------------------------------------------------------------
+
+
+def _root(base_url: str) -> str:
+    """``http://host:8000`` or ``http://host:8000/v1`` -> ``http://host:8000/v1``."""
+    url = base_url.rstrip("/")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+class _HTTPClient:
+    """httpx.AsyncClient with timeouts, retries with backoff, and failures as values."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        model: str | None,
+        timeout: float,
+        retries: int,
+        backoff: float,
+        max_connections: int,
+    ):
+        import httpx
+
+        self.base_url = _root(base_url)
+        self.model = model
+        self._model_lock = asyncio.Lock()
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._httpx = httpx
+        self.client = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout),
+            limits=httpx.Limits(max_connections=max_connections),
+        )
+
+    async def post(
+        self, path: str, body: dict[str, Any]
+    ) -> tuple[dict | None, str | None, str | None, int]:
+        """(JSON reply, error, error kind, attempts). Retries connection errors, timeouts and
+        5xx/429 answers with exponential backoff; a 4xx other than 429 is not retried."""
+        httpx = self._httpx
+        error, kind = "no attempt", "connection"
+        for attempt in range(1, self.retries + 2):
+            if attempt > 1:
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 2) * (0.5 + random.random()))
+            try:
+                reply = await self.client.post(path, json=body)
+            except httpx.TimeoutException:
+                error, kind = (
+                    f"no answer from {self.base_url}{path} within {self.timeout:g} s",
+                    "timeout",
+                )
+                continue
+            except httpx.HTTPError as exc:
+                error, kind = (
+                    f"cannot reach {self.base_url}{path}: {type(exc).__name__}: {exc}",
+                    "connection",
+                )
+                continue
+            if reply.status_code != 200:
+                snippet = reply.text[:200].replace("\n", " ")
+                error, kind = (
+                    f"HTTP {reply.status_code} from {self.base_url}{path}: {snippet}",
+                    "http_status",
+                )
+                if reply.status_code in (429,) or reply.status_code >= 500:
+                    continue
+                return None, error, kind, attempt
+            try:
+                data = reply.json()
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                snippet = reply.text[:120].replace("\n", " ")
+                error, kind = (
+                    f"unreadable JSON from {self.base_url}{path}: {snippet!r}",
+                    "bad_response",
+                )
+                continue
+            if not isinstance(data, dict):
+                error, kind = (
+                    f"unexpected JSON from {self.base_url}{path}: {str(data)[:120]}",
+                    "bad_response",
+                )
+                continue
+            return data, None, None, attempt
+        return None, error, kind, self.retries + 1
+
+    async def model_name(self) -> str:
+        """The served model: the one given, else the first of ``GET /v1/models`` (asked once)."""
+        async with self._model_lock:
+            if self.model is None:
+                listing = await self.get("/models")
+                try:
+                    self.model = str(listing["data"][0]["id"])  # type: ignore[index]
+                except (TypeError, KeyError, IndexError):
+                    return "default"  # ask again next turn: the server may still be starting
+            return self.model
+
+    async def get(self, path: str) -> dict | None:
+        try:
+            reply = await self.client.get(path)
+            return reply.json() if reply.status_code == 200 else None
+        except (self._httpx.HTTPError, json.JSONDecodeError, UnicodeDecodeError):
+            return None
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+class OpenAIChatPolicy(Policy):
+    """Chat completions from any OpenAI-compatible server (vLLM, SGLang, llama.cpp,
+    ``transformers serve``).
+
+    Args:
+        base_url: the server, e.g. ``http://127.0.0.1:8000`` (``/v1`` is added if missing).
+        api_key: sent as a bearer token when given.
+        model: the served model's name; None asks ``GET /v1/models`` once and takes the first.
+        timeout: seconds per request.
+        retries: further tries after a timeout, a connection error, a 5xx/429 answer or an
+            unreadable reply, with exponential backoff from ``backoff`` seconds.
+        logprobs: ask for the sampled tokens' log-probs (``logprobs: true``); kept when returned.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        model: str | None = None,
+        *,
+        timeout: float = 120.0,
+        retries: int = 2,
+        backoff: float = 0.5,
+        logprobs: bool = True,
+        max_connections: int = 256,
+    ):
+        self.http = _HTTPClient(
+            base_url, api_key, model, timeout, retries, backoff, max_connections
+        )
+        self.logprobs = logprobs
+        # vLLM's extension field; strict servers (transformers serve) answer 422 to unknown
+        # fields, so it is dropped for good after the first such answer.
+        self._token_ids_field = logprobs
+
+    async def act(
+        self, messages: Messages, params: SamplingParams, info: dict[str, Any] | None = None
+    ) -> PolicyOutput:
+        started = time.perf_counter()
+        body: dict[str, Any] = {
+            "model": await self.http.model_name(),
+            "messages": messages,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_tokens": params.max_tokens,
+        }
+        if self.logprobs:
+            # vLLM returns each sampled token as "token_id:<id>" with this flag, so the ids
+            # trained are the ids sampled (no re-tokenisation of the text).
+            body.update(logprobs=True, top_logprobs=0)
+        if self._token_ids_field:
+            body["return_tokens_as_token_ids"] = True
+        data, error, kind, attempts = await self.http.post("/chat/completions", body)
+        if (
+            data is None
+            and "return_tokens_as_token_ids" in body  # (another request may have dropped it)
+            and error is not None
+            and "return_tokens_as_token_ids" in error
+        ):
+            self._token_ids_field = False
+            del body["return_tokens_as_token_ids"]
+            data, error, kind, attempts = await self.http.post("/chat/completions", body)
+        latency = time.perf_counter() - started
+        if data is None:
+            return PolicyOutput(
+                "", latency_s=latency, error=error, error_kind=kind, attempts=attempts
+            )
+        try:
+            choice = data["choices"][0]
+            text = choice["message"]["content"]
+            if text is None:
+                text = ""
+            if not isinstance(text, str):
+                raise TypeError(f"content is {type(text).__name__}")
+        except (KeyError, IndexError, TypeError) as exc:
+            return PolicyOutput(
+                "",
+                latency_s=latency,
+                error=f"reply without choices[0].message.content ({exc}): {str(data)[:160]}",
+                error_kind="bad_response",
+                attempts=attempts,
+            )
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        token_ids, logprobs = _chat_logprobs(choice.get("logprobs"))
+        return PolicyOutput(
+            text,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"),
+            latency_s=latency,
+            finish_reason=choice.get("finish_reason"),
+            attempts=attempts,
+        )
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy": "openai-chat", "base_url": self.http.base_url, "model": self.http.model}
+
+
+def _chat_logprobs(block: Any) -> tuple[list[int] | None, list[float] | None]:
+    """Token ids and log-probs from a chat choice's ``logprobs.content`` (None when absent).
+
+    Ids come from vLLM's ``token_id:<id>`` tokens (``return_tokens_as_token_ids``); servers that
+    return token strings give log-probs only."""
+    try:
+        content = block["content"]
+        logprobs = [float(t["logprob"]) for t in content]
+    except (TypeError, KeyError, ValueError):
+        return None, None
+    ids: list[int] | None = []
+    for t in content:
+        token = t.get("token", "")
+        if isinstance(token, str) and token.startswith("token_id:") and token[9:].isdigit():
+            ids.append(int(token[9:]))
+        else:
+            ids = None
+            break
+    return ids, logprobs
+
+
+def _client_error(error: str | None) -> bool:
+    """Whether a request failed with a 4xx answer other than 429 (the server refuses it)."""
+    return bool(error) and error.startswith("HTTP 4") and not error.startswith("HTTP 429")
+
+
+class OpenAICompletionsScorer:
+    """Log-likelihood of candidate continuations from a server's prompt log-probs.
+
+    ``POST /v1/completions`` with ``echo: true, logprobs: 1, max_tokens: 1`` and one prompt per
+    candidate (the chat-templated prompt followed by the candidate): the server returns the
+    log-prob of every prompt token (vLLM does). The chat template is applied here, with the
+    tokenizer at ``tokenizer`` (a folder or hub name), because ``/v1/completions`` takes raw text.
+    A server that returns no prompt log-probs raises :class:`PolicyUnavailable` on the first
+    turn (``transformers serve`` ignores ``logprobs``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        tokenizer: str | Path,
+        api_key: str | None = None,
+        model: str | None = None,
+        *,
+        timeout: float = 120.0,
+        retries: int = 2,
+        backoff: float = 0.5,
+    ):
+        from transformers import AutoTokenizer
+
+        self.http = _HTTPClient(base_url, api_key, model, timeout, retries, backoff, 256)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
+        # The end-of-turn token closes each candidate, as in the local scorer.
+        self.end_text = self.tokenizer.eos_token or ""
+        self._list_prompts = True
+
+    async def score(
+        self, messages: Messages, actions: Sequence[str]
+    ) -> tuple[list[tuple[float, int]] | None, str | None, str | None]:
+        """((sum log-prob, token count) per action, error, error kind)."""
+        prefix = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        prompts = [prefix + a + self.end_text for a in actions]
+        model = await self.http.model_name()
+
+        def body(prompt: str | list[str]) -> dict[str, Any]:
+            return {
+                "model": model,
+                "prompt": prompt,
+                "max_tokens": 1,
+                "echo": True,
+                "logprobs": 1,
+                "temperature": 0,
+            }
+
+        choices: list[Any] | None = None
+        if self._list_prompts:  # all candidates in one request, where the server takes a list
+            data, error, kind, _ = await self.http.post("/completions", body(prompts))
+            if data is None and not _client_error(error):
+                return None, error, kind
+            if data is None:
+                self._list_prompts = False  # refused: one request per candidate from now on
+            else:
+                choices = data.get("choices")
+        if choices is None:
+            replies = await asyncio.gather(
+                *(self.http.post("/completions", body(p)) for p in prompts)
+            )
+            choices = []
+            for index, (data, error, kind, _) in enumerate(replies):
+                if data is None and _client_error(error):
+                    raise PolicyUnavailable(
+                        f"{error}; scoring admissible actions over HTTP needs /v1/completions "
+                        "with echo=true and logprobs (vLLM serves it); use --model PATH for a "
+                        "local model, or --policy free"
+                    )
+                if data is None:
+                    return None, error, kind
+                try:
+                    choices.append({**data["choices"][0], "index": index})
+                except (KeyError, IndexError, TypeError):
+                    return None, f"unreadable /completions reply: {str(data)[:120]}", "bad_response"
+        out: list[tuple[float, int] | None] = [None] * len(prompts)
+        try:
+            for i, choice in enumerate(choices):
+                index = int(choice.get("index", i))
+                lp = choice.get("logprobs") or {}
+                offsets, values = lp.get("text_offset"), lp.get("token_logprobs")
+                if not offsets or not values:
+                    raise PolicyUnavailable(
+                        f"{self.http.base_url}/completions returned no prompt log-probs (echo=true, "
+                        "logprobs=1): scoring admissible actions over HTTP needs a server that "
+                        "returns them (vLLM does; transformers serve does not); use --model PATH "
+                        "for a local model, or --policy free"
+                    )
+                end = len(prompts[index])
+                picked = [
+                    v
+                    for o, v in zip(offsets, values, strict=False)
+                    if len(prefix) <= o < end and v is not None
+                ]
+                out[index] = (float(sum(picked)), len(picked))
+        except PolicyUnavailable:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            return None, f"unreadable /completions reply ({exc})", "bad_response"
+        if any(o is None for o in out):
+            return None, "the /completions reply misses some candidates", "bad_response"
+        return out, None, None  # type: ignore[return-value]
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
