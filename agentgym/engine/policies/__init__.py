@@ -20,7 +20,6 @@ work at all with this backend, :class:`PolicyUnavailable`) raises, once, with wh
 """
 
 from agentgym.engine.policies.base import (
-    Messages,
     Policy,
     PolicyOutput,
     PolicyUnavailable,
