@@ -141,6 +141,8 @@ class Turn:
     """env step time, in its thread"""
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+    prompt_ids: list[int] | None = None
+    """the token ids the turn was sampled from, when the policy gives them"""
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     parse_error: str | None = None
@@ -172,7 +174,8 @@ class EpisodeRecord:
     terminated: bool = False
     truncated: bool = False
     end_reason: str | None = None
-    """why it ended: terminated, env_truncated, max_turns, policy_errors, env_error, cancelled"""
+    """why it ended: terminated, env_truncated, max_turns, policy_errors, env_error, cancelled,
+    or the reason a policy gave for ending it (``PolicyOutput.end_episode``)"""
     error: str | None = None
     """the last error that ended the episode, if one did"""
     started_s: float = 0.0
@@ -235,12 +238,13 @@ class _InFlight:
 
 
 class _Live:
-    """A running episode: its env, its record and its current prompt/info."""
+    """A running episode: its env, its policy, its record and its current prompt/info."""
 
-    def __init__(self, spec: EpisodeSpec, env: gym.Env, record: EpisodeRecord):
+    def __init__(self, spec: EpisodeSpec, env: gym.Env, record: EpisodeRecord, policy: Policy):
         self.spec = spec
         self.env = env
         self.record = record
+        self.policy = policy
         self.prompt = ""
         self.info: dict[str, Any] = {}
         self.done = False
@@ -273,6 +277,8 @@ class RolloutEngine:
             of the same ``env_id`` and ``env_kwargs`` (reset in between), so what ``make_env``
             builds should depend on those only.
         on_episode: called with each finished :class:`EpisodeRecord`, as it finishes.
+        env_pool: where envs are kept for reuse between episodes and runs; pass one dict to
+            several engines to share their envs (default: this engine's own).
     """
 
     def __init__(
@@ -290,6 +296,7 @@ class RolloutEngine:
         env_threads: int | None = None,
         make_env: Callable[[EpisodeSpec], gym.Env] | None = None,
         on_episode: Callable[[EpisodeRecord], None] | None = None,
+        env_pool: dict[tuple, list[gym.Env]] | None = None,
     ):
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -306,7 +313,7 @@ class RolloutEngine:
         self.make_env = make_env or self._default_make_env
         self.on_episode = on_episode
         self.stats = EngineStats()
-        self._pools: dict[tuple, list[gym.Env]] = {}
+        self._pools: dict[tuple, list[gym.Env]] = {} if env_pool is None else env_pool
 
     def _default_make_env(self, spec: EpisodeSpec) -> gym.Env:
         return make_llm_env(
@@ -409,7 +416,7 @@ class RolloutEngine:
         )
         pool = self._pools.setdefault(self._pool_key(spec), [])
         env = pool.pop() if pool else None
-        live = _Live(spec, env, record)  # type: ignore[arg-type]
+        live = _Live(spec, env, record, self.policy.for_episode(spec))  # type: ignore[arg-type]
         try:
             if env is None:
                 live.env = await self._in_thread(self.make_env, spec)
@@ -432,7 +439,7 @@ class RolloutEngine:
             self._in_flight.enter()
             started = time.perf_counter()
             try:
-                output = await self.policy.act(messages, self.params, live.info)
+                output = await live.policy.act(messages, self.params, live.info)
             except PolicyUnavailable:
                 raise
             except Exception as exc:  # noqa: BLE001 - a policy bug ends the turn, not the run
@@ -448,6 +455,9 @@ class RolloutEngine:
 
     async def _step(self, live: _Live, output: PolicyOutput) -> None:
         record = live.record
+        if output.end_episode is not None:
+            self._finish(live, output.end_episode)
+            return
         from_key = state_key_text(live.info.get("state_key"))
         if output.error is not None:
             self.stats.errors[output.error_kind or "error"] = (
@@ -485,6 +495,7 @@ class RolloutEngine:
             step_s=step_s,
             token_ids=output.token_ids,
             logprobs=output.logprobs,
+            prompt_ids=output.prompt_ids,
             prompt_tokens=output.prompt_tokens,
             completion_tokens=output.completion_tokens,
             parse_error=info.get("parse_error") if output.error is None else None,

@@ -6,8 +6,8 @@ naming the extra to install.
 
 - :mod:`agentgym.integrations.trl`: TRL's ``GRPOTrainer``, through ``environment_factory``
   (:class:`~agentgym.integrations.trl.AgentGymEnvironment`, the env's actions as tools) or
-  ``rollout_func`` (:class:`~agentgym.integrations.trl.GroupRollout`, multi-turn episodes on a
-  :class:`~agentgym.GroupVectorEnv`). Extra: ``pip install "agentgym-envs[trl]"``.
+  ``rollout_func`` (:class:`~agentgym.integrations.trl.GroupRollout`, multi-turn episodes played
+  by the engine, :class:`~agentgym.engine.RolloutEngine`). Extra: ``pip install "agentgym-envs[trl]"``.
 - :mod:`agentgym.integrations.openenv`: any id served over OpenEnv's protocol (``agentgym serve
   ID``, :mod:`~agentgym.integrations.openenv_server`) for OpenEnv clients such as
   :class:`~agentgym.integrations.openenv.AgentGymEnvClient`. Extra: ``pip install

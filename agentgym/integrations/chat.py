@@ -16,15 +16,27 @@ ways:
 
 :class:`ChatTurns` renders, finds the tokens between turns, and decides which mode a template
 needs by rendering a probe conversation once (:attr:`ChatTurns.mode`).
+
+:class:`ChatPolicy` is the adapters' model as the engine (:class:`~agentgym.engine.RolloutEngine`)
+plays it: a framework's token-in, token-out generation, each episode one such chat; it turns
+the engine's :class:`~agentgym.engine.EpisodeRecord` s into :class:`EpisodeTokens`, the
+sequences a trainer trains on.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from typing import Any
+from abc import abstractmethod
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["EPISODE", "PER_TURN", "MODES", "ChatTurns"]
+from agentgym.engine.policies import Policy, PolicyOutput, PolicyUnavailable, SamplingParams
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from agentgym.engine.runner import EpisodeRecord, EpisodeSpec
+
+__all__ = ["EPISODE", "PER_TURN", "MODES", "ChatTurns", "ChatPolicy", "EpisodeTokens"]
 
 logger = logging.getLogger(__name__)
 
@@ -191,3 +203,259 @@ class ChatTurns:
         if concat != self.render(messages, generation_prompt=True):
             return False, "earlier assistant turns are rendered differently once a turn follows"
         return True, "rendering the conversation so far equals its turns concatenated"
+
+
+# ----------------------------------------------------------------------------------------------
+# the adapters' policy: a framework's generation, played by the engine, one chat per episode
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class EpisodeTokens:
+    """One played episode as token sequences.
+
+    ``response_ids`` follow ``prompt_ids``: in ``"episode"`` mode the model's turns
+    (``response_mask`` 1) interleaved with the tokens between turns (0: the end-of-turn token a
+    cut turn needed, the next observation as a user message, the assistant header); in
+    ``"per_turn"`` mode the turns' tokens back to back, turn ``t`` sampled from
+    ``turn_prompt_ids[t]``. ``turn_spans[t] = (start, end)``: turn ``t``'s tokens in
+    ``response_ids``, end exclusive. ``state_keys[t]``: the ``info["state_key"]`` turn ``t``
+    acted from (as the env gave it). ``response_logprobs``: the sampling log-prob of each model
+    token, 0.0 on the others; None when a turn came without them.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float] | None
+    turn_spans: list[tuple[int, int]]
+    state_keys: list[Hashable]
+    mode: str = EPISODE
+    turn_prompt_ids: list[list[int]] | None = None
+    """per_turn mode: the prompt each turn was sampled from"""
+
+    def sequences(self) -> list[dict[str, Any]]:
+        """The training sequences: ``prompt_ids``, ``response_ids``, ``response_mask`` and
+        ``response_logprobs`` (None when not given); one per episode in ``"episode"`` mode, one
+        per turn in ``"per_turn"`` mode, where every sequence is exactly a prompt the model saw
+        and the tokens it sampled from it."""
+        if self.mode == EPISODE:
+            spans = [(0, len(self.response_ids))]
+            prompts = [self.prompt_ids]
+        else:
+            spans, prompts = self.turn_spans, self.turn_prompt_ids or []
+        logps = self.response_logprobs
+        return [
+            {
+                "prompt_ids": list(prompt),
+                "response_ids": self.response_ids[start:end],
+                "response_mask": self.response_mask[start:end],
+                "response_logprobs": None if logps is None else logps[start:end],
+            }
+            for prompt, (start, end) in zip(prompts, spans, strict=True)
+        ]
+
+
+class ChatPolicy(Policy):
+    """A token-in, token-out model for the engine, each episode one chat through ``chat``.
+
+    The engine (:class:`~agentgym.engine.RolloutEngine`) plays the episodes: it resets and steps
+    the envs and records every turn. The policy it asks for each episode (:meth:`for_episode`)
+    builds that turn's prompt ids and asks :meth:`sample` for the new tokens:
+
+    - ``"episode"`` mode: turn 0's prompt is the template's rendering of :meth:`first_messages`
+      (cut from the left to ``prompt_length``); turn ``t + 1``'s is turn ``t``'s prompt, its
+      sampled ids, the end-of-turn token if sampling cut it, and
+      :meth:`ChatTurns.observation_ids` of :meth:`observation_text`. Each turn is sampled from
+      exactly the sequence trained.
+    - ``"per_turn"`` mode: turn ``t``'s prompt is the template's rendering of the conversation so
+      far (earlier turns as their decoded text).
+
+    The response (everything after turn 0's prompt; each turn's own in ``"per_turn"`` mode)
+    holds at most ``response_length`` tokens; a turn takes at most ``params.max_tokens`` of
+    them. When the next observation's tokens leave no room for another turn, the episode ends
+    there (``end_reason="response_length"``), keeping the observation tokens that fit when
+    ``keep_cut_reply``.
+
+    The text the env steps is the turn's tokens decoded without special tokens. A failed
+    :meth:`sample` raises :class:`~agentgym.engine.PolicyUnavailable` out of the engine's run:
+    a training batch is not made of failed turns. :meth:`tokens` turns a played episode's record
+    into :class:`EpisodeTokens`.
+    """
+
+    def __init__(
+        self,
+        chat: ChatTurns,
+        *,
+        response_length: int,
+        mode: str = EPISODE,
+        prompt_length: int | None = None,
+        keep_cut_reply: bool = False,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.chat = chat
+        self.mode = mode
+        self.response_length = response_length
+        self.prompt_length = prompt_length
+        self.keep_cut_reply = keep_cut_reply
+        self.conversations: dict[tuple[int, int], _Conversation] = {}
+        """each episode's conversation, by ``(group, member)`` of its spec"""
+
+    @abstractmethod
+    async def sample(
+        self, prompt_ids: list[int], max_tokens: int
+    ) -> tuple[list[int], list[float] | None]:
+        """The new token ids sampled from ``prompt_ids`` (at most ``max_tokens``, up to and
+        including the end-of-turn token) and their log-probs (None when not given)."""
+
+    def first_messages(
+        self, spec: EpisodeSpec, observation: str, info: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """The chat turn 0 is sampled from: by default the first observation as a user message."""
+        return [{"role": "user", "content": self.observation_text(observation, info)}]
+
+    def observation_text(self, observation: str, info: dict[str, Any]) -> str:
+        """An observation as the user message that shows it."""
+        return observation
+
+    def for_episode(self, spec: EpisodeSpec) -> Policy:
+        key = (spec.group, spec.member)
+        if key in self.conversations:
+            raise ValueError(f"two episodes of one run share (group, member) {key}")
+        self.conversations[key] = conversation = _Conversation(self, spec)
+        return conversation
+
+    async def act(self, *args: Any, **kwargs: Any) -> PolicyOutput:
+        raise TypeError("a ChatPolicy plays episodes through for_episode(spec), one chat each")
+
+    def tokens(self, record: EpisodeRecord) -> EpisodeTokens:
+        """The token sequences of a played episode (see :class:`EpisodeTokens`).
+
+        Raises:
+            RuntimeError: the episode's env failed (its error is named), or a turn was not
+                sampled from the sequence built so far (never, unless the record was altered).
+        """
+        if record.end_reason == "env_error":
+            raise RuntimeError(f"{record.env_id} task {record.task!r}: {record.error}")
+        conversation = self.conversations[(record.group, record.member)]
+        turns = record.turns
+        with_logprobs = all(t.logprobs is not None for t in turns)
+        response: list[int] = []
+        mask: list[int] = []
+        logprobs: list[float] = []
+        spans: list[tuple[int, int]] = []
+        prompt = conversation.prompt_ids
+        for turn in turns:
+            if turn.token_ids is None or turn.prompt_ids is None:
+                raise RuntimeError(f"turn {turn.index} has no tokens: {turn.error}")
+            if self.mode == EPISODE:
+                seen = len(prompt) + len(response)
+                if turn.prompt_ids[:seen] != prompt + response:
+                    raise RuntimeError(
+                        f"turn {turn.index} was not sampled from the episode's sequence"
+                    )
+                between = turn.prompt_ids[seen:]
+                response += between
+                mask += [0] * len(between)
+                logprobs += [0.0] * len(between)
+            start = len(response)
+            response += turn.token_ids
+            mask += [1] * len(turn.token_ids)
+            logprobs += turn.logprobs or []
+            spans.append((start, len(response)))
+        response += conversation.cut_reply
+        mask += [0] * len(conversation.cut_reply)
+        logprobs += [0.0] * len(conversation.cut_reply)
+        return EpisodeTokens(
+            prompt_ids=list(prompt),
+            response_ids=response,
+            response_mask=mask,
+            response_logprobs=logprobs if with_logprobs else None,
+            turn_spans=spans,
+            state_keys=list(conversation.state_keys),
+            mode=self.mode,
+            turn_prompt_ids=[t.prompt_ids for t in turns] if self.mode == PER_TURN else None,  # type: ignore[misc]
+        )
+
+
+class _Conversation(Policy):
+    """One episode's chat as :class:`ChatPolicy` plays it: the sequence so far and what the
+    engine's record cannot hold (the raw ``state_key`` s, the observation tokens cut at the end)."""
+
+    def __init__(self, root: ChatPolicy, spec: EpisodeSpec) -> None:
+        self.root = root
+        self.spec = spec
+        self.prompt_ids: list[int] = []
+        """turn 0's prompt"""
+        self.sequence: list[int] = []
+        """episode mode: the prompt and the response so far"""
+        self.messages: list[dict[str, Any]] = []
+        """per_turn mode: the conversation so far"""
+        self.last_ids: list[int] | None = None
+        self.last_text = ""
+        self.state_keys: list[Hashable] = []
+        self.cut_reply: list[int] = []
+
+    async def act(
+        self,
+        messages: list[dict[str, str]],
+        params: SamplingParams,
+        info: dict[str, Any] | None = None,
+    ) -> PolicyOutput:
+        root, chat = self.root, self.root.chat
+        info = info or {}
+        observation = messages[-1]["content"]
+        room = root.response_length
+        if self.last_ids is None:
+            self.messages = root.first_messages(self.spec, observation, info)
+            prompt = chat.render(self.messages, generation_prompt=True)
+            if root.prompt_length is not None and len(prompt) > root.prompt_length:
+                logger.warning(
+                    "%s seed %s: first prompt of %d tokens exceeds prompt_length=%d; "
+                    "left-truncating",
+                    self.spec.env_id, self.spec.seed, len(prompt), root.prompt_length,
+                )  # fmt: skip
+                prompt = prompt[-root.prompt_length :]
+            self.prompt_ids = prompt
+            self.sequence = list(prompt)
+        elif root.mode == PER_TURN:
+            self.messages = [
+                *self.messages,
+                {"role": "assistant", "content": self.last_text},
+                {"role": "user", "content": root.observation_text(observation, info)},
+            ]
+            prompt = chat.render(self.messages, generation_prompt=True)
+            if root.prompt_length is not None:
+                prompt = prompt[-root.prompt_length :]
+        else:
+            # The env's reply; a turn cut by the token limit gets its end-of-turn token here.
+            reply = chat.close_turn(self.last_ids)
+            reply += chat.observation_ids(root.observation_text(observation, info))
+            room -= len(self.sequence) - len(self.prompt_ids)
+            if len(reply) >= room:  # no room for another turn
+                self.cut_reply = reply[:room] if root.keep_cut_reply else []
+                return PolicyOutput("", end_episode="response_length")
+            self.sequence += reply
+            room -= len(reply)
+            prompt = self.sequence
+        max_tokens = min(params.max_tokens, room)
+        prompt_ids = list(prompt)
+        try:
+            ids, logprobs = await root.sample(list(prompt_ids), max_tokens)
+        except Exception as exc:
+            raise PolicyUnavailable(f"generation failed: {type(exc).__name__}: {exc}") from exc
+        ids = list(ids)[:max_tokens]
+        logprobs = None if logprobs is None else [float(x) for x in logprobs][: len(ids)]
+        if root.mode == EPISODE:
+            self.sequence += ids
+        self.state_keys.append(info.get("state_key"))
+        self.last_ids = ids
+        self.last_text = chat.tokenizer.decode(ids, skip_special_tokens=True)
+        return PolicyOutput(
+            self.last_text,
+            token_ids=ids,
+            logprobs=logprobs,
+            prompt_ids=prompt_ids,
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(ids),
+            finish_reason="stop" if ids and ids[-1] in chat.end_ids else "length",
+        )

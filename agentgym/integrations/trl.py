@@ -32,9 +32,9 @@ prompt play the same task from the same initial state.
         rollout_func=GroupRollout("AgentGym/Sokoban-v0", fmt="think_action"),
     )
 
-:class:`GroupRollout` plays each group of ``num_generations`` prompts as one group of an
-:class:`agentgym.GroupVectorEnv` (same task, same initial state), generating every turn with the
-trainer's model, and returns one multi-turn completion per prompt: the model's turns
+:class:`GroupRollout` plays the prompts' episodes through the library's one engine
+(:class:`agentgym.engine.RolloutEngine`; each group of ``num_generations`` prompts on the same
+task from the same initial state), generating every turn with the trainer's model, and returns one multi-turn completion per prompt: the model's turns
 (``env_mask`` 1) interleaved with the env's observations (``env_mask`` 0). Extra fields
 (``env_return``, ``state_keys``, ``turn_spans``...) reach the reward functions, so a GiGPO-style
 estimator can group turns by ``state_key``.
@@ -44,19 +44,23 @@ TRL is imported only when an adapter is used; without it, one line says what to 
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import math
 from collections.abc import Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
 
+from agentgym.engine import EpisodeRecord as EngineEpisode
+from agentgym.engine import EpisodeSpec, RolloutEngine, SamplingParams
 from agentgym.extras import missing_extra
-from agentgym.integrations.chat import EPISODE, ChatTurns
-from agentgym.vector import GroupVectorEnv, Step, Trajectory
+from agentgym.integrations.chat import EPISODE, ChatPolicy, ChatTurns
+from agentgym.vector import Step, Trajectory
 from agentgym.wrappers.llm import FORMAT_INSTRUCTIONS, ParseActions, parse_action
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -461,16 +465,18 @@ def env_return_reward(
 
 
 class GroupRollout:
-    """``rollout_func=`` for ``GRPOTrainer``: multi-turn episodes on a :class:`GroupVectorEnv`.
+    """``rollout_func=`` for ``GRPOTrainer``: multi-turn episodes played by the library's engine.
 
     ``__call__(prompts, trainer)`` receives the process's prompts (each repeated
-    ``num_generations`` times in a row, as TRL's sampler lays them out), plays each run of
-    repeats as one group of envs (a run split between processes plays the same task and
-    initial state in each) (the task named by the prompt's last message, see
-    :func:`build_dataset`; every env of a group starts from the same state), and generates every
-    turn with ``trainer``'s model (its generation config; ``max_turn_tokens`` new tokens per
-    turn). The chat is the prompt with the first observation appended to its last message, then
-    one assistant message per action and one user message per observation.
+    ``num_generations`` times in a row, as TRL's sampler lays them out) and plays one episode per
+    prompt with :class:`~agentgym.engine.RolloutEngine` (lockstep: every turn of every running
+    episode generated in one batch with ``trainer``'s model and generation config, at most
+    ``max_turn_tokens`` new tokens each). Each run of repeats is one group; every episode resets
+    from its prompt's task and seed (named by the prompt's last message, see
+    :func:`build_dataset`), so a group (or a run split between processes) starts from one state.
+    The chat is the prompt with the first observation appended to its last message, then one
+    assistant message per action and one user message per observation
+    (:class:`~agentgym.integrations.chat.ChatPolicy` in ``"episode"`` mode).
 
     Returns (lists of length ``len(prompts)``):
 
@@ -485,7 +491,9 @@ class GroupRollout:
       turn in ``completion_ids``).
 
     An episode stops when it ends, after ``max_turns`` turns, or when the token budget leaves
-    no room for another turn; its return counts the turns taken.
+    no room for another turn; its return counts the turns taken. :attr:`records` holds the
+    last call's :class:`~agentgym.engine.EpisodeRecord` s (tagged with the trainer's
+    ``global_step`` as ``policy_version``).
 
     Args:
         env_id: a registered agentgym id.
@@ -497,7 +505,7 @@ class GroupRollout:
         show_admissible: end each observation with the admissible actions.
         format_instruction: end the first prompt with what the reply must look like
             (:data:`agentgym.wrappers.llm.FORMAT_INSTRUCTIONS` of ``fmt``).
-        backend, num_workers: :class:`GroupVectorEnv` backend (``"process"`` for heavy envs).
+        env_threads: threads stepping the envs (the engine's default when None).
     """
 
     def __init__(
@@ -510,8 +518,7 @@ class GroupRollout:
         max_turn_tokens: int = 256,
         show_admissible: bool = False,
         format_instruction: bool = True,
-        backend: str = "inprocess",
-        num_workers: int | None = None,
+        env_threads: int | None = None,
         parse_options: dict[str, Any] | None = None,
     ):
         _require_trl()
@@ -526,13 +533,12 @@ class GroupRollout:
         self.max_turn_tokens = max_turn_tokens
         self.show_admissible = show_admissible
         self.format_instruction = format_instruction
-        self.backend = backend
-        self.num_workers = num_workers
-        self.wrappers = [(ParseActions, {"fmt": fmt, **(parse_options or {})})]
+        self.env_threads = env_threads
+        self.parse_options = dict(parse_options or {})
         if env_id not in gym.registry:
             raise ValueError(f"unknown env id {env_id!r}; see agentgym.env_ids()")
-        parse_action("", fmt, **(parse_options or {}))  # a bad format or option fails here
-        self._venv: GroupVectorEnv | None = None
+        parse_action("", fmt, **self.parse_options)  # a bad format or option fails here
+        self._env_pool: dict[tuple, list[gym.Env]] = {}
         self._chat: ChatTurns | None = None
         self._chat_key: tuple | None = None
         self.mode = EPISODE
@@ -540,36 +546,20 @@ class GroupRollout:
         takes one completion per prompt)"""
         self.prefix_preserving: bool | None = None
         """whether the chat template renders earlier turns as sampled (set on the first call)"""
+        self.records: list[EngineEpisode] = []
+        """the last call's episodes as the engine recorded them"""
 
     # -- envs ------------------------------------------------------------------------------------
-    def _group_env(self, num_groups: int, group_size: int) -> GroupVectorEnv:
-        """The vector env for this batch shape, built once and reused while the shape holds."""
-        venv = self._venv
-        if venv is None or (venv.num_groups, venv.group_size) != (num_groups, group_size):
-            if venv is not None:
-                venv.close()
-            self._venv = venv = GroupVectorEnv(
-                self.env_id,
-                num_groups=num_groups,
-                group_size=group_size,
-                backend=self.backend,
-                num_workers=self.num_workers,
-                env_kwargs=self.env_kwargs,
-                wrappers=self.wrappers,
-            )
-        return venv
+    def _make_env(self, spec: EpisodeSpec) -> gym.Env:
+        env = gym.make(spec.env_id, disable_env_checker=True, **(spec.env_kwargs or {}))
+        return ParseActions(env, self.fmt, **self.parse_options)
 
     def close(self) -> None:
-        """Close the envs (a later call builds them again)."""
-        if self._venv is not None:
-            self._venv.close()
-            self._venv = None
-
-    def _observation_text(self, obs: str, info: dict[str, Any]) -> str:
-        admissible = info.get("admissible_actions")
-        if self.show_admissible and admissible:
-            return f"{obs}\nAdmissible actions: {', '.join(admissible)}"
-        return obs
+        """Close the envs kept between calls (a later call builds them again)."""
+        for pool in self._env_pool.values():
+            for env in pool:
+                env.close()
+        self._env_pool.clear()
 
     # -- tokens ----------------------------------------------------------------------------------
     def chat(self, tokenizer: Any, trainer: Any) -> ChatTurns:
@@ -603,13 +593,158 @@ class GroupRollout:
             )
         return self._chat
 
+    # -- the rollout -----------------------------------------------------------------------------
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        if getattr(trainer, "use_vllm", False):
+            raise NotImplementedError(
+                "GroupRollout generates with the trainer's transformers model; run with "
+                "use_vllm=False, or use environment_factory (which TRL runs on vLLM)"
+            )
+        tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+        training = trainer.model.training
+        group_size = trainer.num_generations if training else trainer.num_generations_eval
+        group_rows, group_size = _group_tasks(prompts, group_size)
+        specs = []
+        for g, row in enumerate(group_rows):
+            seed, options = _reset_args(row)
+            options = options or {}
+            for m in range(group_size):
+                spec = EpisodeSpec(
+                    self.env_id, options.get("task"), seed, g, m, options.get("split"),
+                    self.env_kwargs,
+                )  # fmt: skip
+                specs.append(spec)
+        policy = _TrainerPolicy(self, trainer, tokenizer, prompts, group_size)
+        engine = RolloutEngine(
+            policy,
+            SamplingParams(max_tokens=self.max_turn_tokens),
+            concurrency=len(specs),
+            max_turns=self.max_turns,
+            lockstep=True,  # every turn of the running episodes in one generate call
+            policy_version=getattr(getattr(trainer, "state", None), "global_step", None),
+            env_threads=self.env_threads,
+            make_env=self._make_env,
+            env_pool=self._env_pool,
+        )
+        self.records = records = _run_sync(engine.run(specs))
+        out: dict[str, list[Any]] = {key: [] for key in _OUTPUT_KEYS}
+        for record in records:
+            tokens = policy.tokens(record)
+            rewards = [t.reward for t in record.turns]
+            for key, value in zip(
+                _OUTPUT_KEYS,
+                (
+                    tokens.prompt_ids,
+                    tokens.response_ids,
+                    tokens.response_logprobs,
+                    tokens.response_mask,
+                    float(sum(rewards)),
+                    record.won,
+                    record.task_id,
+                    tokens.state_keys[0] if tokens.state_keys else None,
+                    tokens.state_keys,
+                    rewards,
+                    [list(span) for span in tokens.turn_spans],
+                ),
+                strict=True,
+            ):
+                out[key].append(value)
+        return out
+
+
+_OUTPUT_KEYS = (
+    "prompt_ids",
+    "completion_ids",
+    "logprobs",
+    "env_mask",
+    "env_return",
+    "won",
+    "task_id",
+    "initial_state_key",
+    "state_keys",
+    "step_rewards",
+    "turn_spans",
+)
+
+
+def _run_sync(coroutine: Any) -> Any:
+    """Run ``coroutine`` to the end from synchronous code (in a thread of its own when this
+    thread already runs an event loop, as in a notebook)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+class _TrainerPolicy(ChatPolicy):
+    """``trainer``'s model as the engine's policy for one :class:`GroupRollout` call.
+
+    The turns the engine asks for together (lockstep: all running episodes) are gathered into
+    one left-padded ``generate`` call, run when the event loop has queued them all.
+    """
+
+    def __init__(
+        self, rollout: GroupRollout, trainer: Any, tokenizer: Any, prompts: list[Any], size: int
+    ):
+        super().__init__(
+            rollout.chat(tokenizer, trainer), response_length=int(trainer.max_completion_length)
+        )
+        self.rollout = rollout
+        self.trainer = trainer
+        self.tokenizer = tokenizer
+        self.prompts = prompts
+        self.group_size = size
+        self._pending: list[tuple[list[int], int, asyncio.Future]] = []
+
+    def first_messages(
+        self, spec: EpisodeSpec, observation: str, info: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        prompt = self.prompts[spec.group * self.group_size + spec.member]
+        messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
+        messages[-1]["content"] += self.observation_text(observation, info)
+        if self.rollout.format_instruction:
+            messages[-1]["content"] += "\n" + FORMAT_INSTRUCTIONS[self.rollout.fmt]
+        return messages
+
+    def observation_text(self, observation: str, info: dict[str, Any]) -> str:
+        admissible = info.get("admissible_actions")
+        if self.rollout.show_admissible and admissible:
+            return f"{observation}\nAdmissible actions: {', '.join(admissible)}"
+        return observation
+
+    async def sample(
+        self, prompt_ids: list[int], max_tokens: int
+    ) -> tuple[list[int], list[float] | None]:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._pending.append((prompt_ids, max_tokens, future))
+        if len(self._pending) == 1:  # after the turns queued in this round of the loop
+            loop.call_soon(self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        batch, self._pending = self._pending, []
+        try:
+            results = self._generate([b[0] for b in batch], max(b[1] for b in batch))
+        except Exception as exc:  # noqa: BLE001 - every waiting turn gets the failure
+            for _, _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (_, _, future), result in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(result)
+
     def _generate(
-        self, trainer: Any, tokenizer: Any, contexts: list[list[int]], eos_ids: set[int]
-    ) -> tuple[list[list[int]], list[list[float]]]:
+        self, contexts: list[list[int]], max_new_tokens: int
+    ) -> list[tuple[list[int], list[float]]]:
         """One turn for each context: new token ids (up to and including EOS) and their log-probs."""
         import torch
         from trl.models import unwrap_model_for_generation
 
+        trainer, tokenizer = self.trainer, self.tokenizer
         device = trainer.accelerator.device
         width = max(len(c) for c in contexts)
         pad = tokenizer.pad_token_id
@@ -619,7 +754,7 @@ class GroupRollout:
             input_ids[row, width - len(ids) :] = torch.tensor(ids)
             attention[row, width - len(ids) :] = 1
         config = copy.deepcopy(trainer.generation_config)
-        config.max_new_tokens = self.max_turn_tokens
+        config.max_new_tokens = max_new_tokens
         recorder = _SampledLogProbs(float(config.temperature or 1.0))
         with (
             unwrap_model_for_generation(
@@ -638,105 +773,13 @@ class GroupRollout:
         new = sequences[:, width:]
         logps = recorder.result(new).cpu()
         new = new.cpu()
-        ids_out, logps_out = [], []
-        eos = torch.tensor(sorted(eos_ids))
+        out = []
+        eos = torch.tensor(sorted(self.chat.end_ids))
         for row in range(new.shape[0]):
             hits = torch.isin(new[row], eos).nonzero()
             end = int(hits[0]) + 1 if len(hits) else new.shape[1]
-            ids_out.append(new[row, :end].tolist())
-            logps_out.append(logps[row, :end].tolist())
-        return ids_out, logps_out
-
-    # -- the rollout -----------------------------------------------------------------------------
-    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
-        if getattr(trainer, "use_vllm", False):
-            raise NotImplementedError(
-                "GroupRollout generates with the trainer's transformers model; run with "
-                "use_vllm=False, or use environment_factory (which TRL runs on vLLM)"
-            )
-        tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
-        training = trainer.model.training
-        group_size = trainer.num_generations if training else trainer.num_generations_eval
-        group_rows, group_size = _group_tasks(prompts, group_size)
-        num_groups = len(group_rows)
-        venv = self._group_env(num_groups, group_size)
-        group_options = []
-        for row in group_rows:
-            _, options = _reset_args(row)
-            group_options.append(options or {})
-        first_seed = next(
-            (r.get(SEED_COLUMN) for r in group_rows if r.get(SEED_COLUMN) is not None), 0
-        )
-        obs, infos = venv.reset(seed=int(first_seed), options={"group_options": group_options})
-
-        chat = self.chat(tokenizer, trainer)
-        eos_ids = set(chat.end_ids)
-        n = len(prompts)
-        prompt_ids = []
-        for prompt, o, info in zip(prompts, obs, infos, strict=True):
-            messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
-            messages[-1]["content"] += self._observation_text(o, info)
-            if self.format_instruction:
-                messages[-1]["content"] += "\n" + FORMAT_INSTRUCTIONS[self.fmt]
-            prompt_ids.append(chat.render(messages, generation_prompt=True))
-        contexts = [list(p) for p in prompt_ids]
-        completion: list[list[int]] = [[] for _ in range(n)]
-        logprobs: list[list[float]] = [[] for _ in range(n)]
-        env_mask: list[list[int]] = [[] for _ in range(n)]
-        spans: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-        turns_taken = np.zeros(n, dtype=np.int64)
-        budget = int(trainer.max_completion_length)
-        live = venv.active.copy()
-        turn = 0
-        while live.any() and (self.max_turns is None or turn < self.max_turns):
-            idx = np.flatnonzero(live)
-            new_ids, new_logps = self._generate(
-                trainer, tokenizer, [contexts[i] for i in idx], eos_ids
-            )
-            actions: list[str] = [""] * n  # envs not in `idx` are done (ignored) or cut below
-            for i, ids, lps in zip(idx, new_ids, new_logps, strict=True):
-                room = budget - len(completion[i])
-                ids, lps = ids[:room], lps[:room]
-                spans[i].append((len(completion[i]), len(completion[i]) + len(ids)))
-                completion[i] += ids
-                logprobs[i] += lps
-                env_mask[i] += [1] * len(ids)
-                contexts[i] += ids
-                actions[i] = tokenizer.decode(ids, skip_special_tokens=True)
-            obs, _, _, _, infos = venv.step(actions)
-            turns_taken[idx] += 1
-            turn += 1
-            for i in idx:
-                if not venv.active[i]:
-                    live[i] = False
-                    continue
-                suffix = chat.close_turn(completion[i])
-                suffix += chat.observation_ids(self._observation_text(obs[i], infos[i]))
-                if len(completion[i]) + len(suffix) >= budget:  # no room for another model turn
-                    live[i] = False
-                    continue
-                completion[i] += suffix
-                logprobs[i] += [0.0] * len(suffix)
-                env_mask[i] += [0] * len(suffix)
-                contexts[i] += suffix
-
-        trajs = venv.trajectories()
-        steps = [t.steps[: int(k)] for t, k in zip(trajs, turns_taken, strict=True)]
-        return {
-            "prompt_ids": prompt_ids,
-            "completion_ids": completion,
-            "logprobs": logprobs,
-            "env_mask": env_mask,
-            "env_return": [float(sum(s.reward for s in st)) for st in steps],
-            "won": [
-                bool(t.won) and len(st) == len(t.steps) for t, st in zip(trajs, steps, strict=True)
-            ],
-            "task_id": [t.task_id for t in trajs],
-            "initial_state_key": [st[0].state_key if st else None for st in steps],
-            "state_keys": [[s.state_key for s in st] for st in steps],
-            "step_rewards": [[s.reward for s in st] for st in steps],
-            "turn_spans": [[list(span) for span in sp] for sp in spans],
-        }
+            out.append((new[row, :end].tolist(), logps[row, :end].tolist()))
+        return out
 
 
 class _SampledLogProbs:

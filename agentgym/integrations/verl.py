@@ -5,8 +5,9 @@ dataset row it awaits ``AgentLoopBase.run(sampling_params, **row) -> AgentLoopOu
 to verl's LLM servers token in, token out. This module provides
 
 - :data:`AGENT_NAME` (``"agentgym_agent"``), the agent loop :class:`AgentGymAgentLoop`: it plays one
-  agentgym episode turn by turn (env id and seed from the row, prompts rendered by
-  :func:`agentgym.wrappers.make_llm_env` through the tokenizer's chat template) and returns the
+  agentgym episode through the library's engine (:class:`agentgym.engine.RolloutEngine`; env id
+  and seed from the row, prompts rendered by :func:`agentgym.wrappers.make_llm_env` through the
+  tokenizer's chat template, verl's server manager as the policy) and returns the
   whole episode as one response whose ``response_mask`` is 1 on the model's tokens and 0 on the
   env's observations. ``extra_fields`` carry each turn's token span, ``state_key``, reward and
   validity (keys in :data:`EXTRA_KEYS`); ``reward_score`` is the episode's total reward;
@@ -15,8 +16,9 @@ to verl's LLM servers token in, token out. This module provides
   the spans and state keys into token-level advantages with the project's one GiGPO
   implementation (:mod:`agentgym.algorithms.advantage`);
 - :func:`build_dataset`: dataset rows (one per task seed) verl's ``RLHFDataset`` reads;
-- :class:`EpisodeRunner` and :class:`LocalHFServer`: the loop's verl-free core and a
-  Hugging Face stand-in for verl's LLM server, to play and inspect episodes on a CPU.
+- :class:`EpisodeRunner` and :class:`LocalHFServer`: the loop's verl-free core (one engine run
+  per episode, its record turned into an :class:`Episode`) and a Hugging Face stand-in for
+  verl's LLM server, to play and inspect episodes on a CPU.
 
 Wiring it into a verl run (see ``examples/verl_agent_loop.py`` for the full command)::
 
@@ -44,8 +46,7 @@ import functools
 import itertools
 import logging
 import threading
-import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from uuid import uuid4
@@ -53,8 +54,9 @@ from uuid import uuid4
 import numpy as np
 
 from agentgym.algorithms.advantage import advantage_estimator, compute_advantage
+from agentgym.engine import EpisodeSpec, RolloutEngine, SamplingParams
 from agentgym.extras import missing_extra
-from agentgym.integrations.chat import EPISODE, MODES, PER_TURN, ChatTurns
+from agentgym.integrations.chat import EPISODE, MODES, ChatPolicy, ChatTurns, EpisodeTokens
 from agentgym.wrappers.llm import make_llm_env
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -188,28 +190,15 @@ def build_dataset(
 # ----------------------------------------------------------------------------------------------
 # the episode runner (verl-free core of the agent loop)
 # ----------------------------------------------------------------------------------------------
-@dataclass
-class Episode:
-    """One played episode as verl trains on it: a prompt and a multi-turn response.
-
-    ``response_ids`` interleave the model's turns (``response_mask`` 1) with the env's replies
-    (0): chat-template tokens that close a turn, the next observation as a user message, and
-    the assistant header. ``turn_spans[t] = (start, end)`` are the response positions of turn t's
-    tokens (end exclusive); ``state_keys[t]`` is the state turn t acted from.
-
-    ``mode`` says how the episode was played (:mod:`agentgym.integrations.chat`): in
-    ``"episode"`` mode the fields above are one training sequence; in ``"per_turn"`` mode each
-    turn was sampled from ``turn_prompt_ids[t]`` (the template's rendering of the conversation
-    so far), ``response_ids`` holds the turns' tokens back to back, and :meth:`sequences` gives
-    one training sequence per turn.
+@dataclass(kw_only=True)
+class Episode(EpisodeTokens):
+    """One played episode as verl trains on it: a prompt and a multi-turn response, laid out as
+    :class:`~agentgym.integrations.chat.EpisodeTokens` says (in ``"episode"`` mode, the model's
+    turns with ``response_mask`` 1 between the env's replies with 0; in ``"per_turn"`` mode,
+    :meth:`sequences` gives one training sequence per turn), with each turn's reward, validity
+    and text, and the episode's outcome.
     """
 
-    prompt_ids: list[int]
-    response_ids: list[int]
-    response_mask: list[int]
-    response_logprobs: list[float] | None
-    turn_spans: list[tuple[int, int]]
-    state_keys: list[Hashable]
     turn_rewards: list[float]
     turn_valid: list[bool]
     turn_texts: list[str]
@@ -219,30 +208,6 @@ class Episode:
     task_id: str
     env_id: str
     timing: dict[str, float] = field(default_factory=dict)
-    mode: str = EPISODE
-    turn_prompt_ids: list[list[int]] | None = None
-    """per_turn mode: the prompt each turn was sampled from"""
-
-    def sequences(self) -> list[dict[str, Any]]:
-        """The training sequences: ``prompt_ids``, ``response_ids``, ``response_mask`` and
-        ``response_logprobs`` (None when the server gave none); one per episode in ``"episode"``
-        mode, one per turn in ``"per_turn"`` mode, where every sequence is exactly a prompt the
-        model saw and the tokens it sampled from it."""
-        if self.mode == EPISODE:
-            spans = [(0, len(self.response_ids))]
-            prompts = [self.prompt_ids]
-        else:
-            spans, prompts = self.turn_spans, self.turn_prompt_ids or []
-        logps = self.response_logprobs
-        return [
-            {
-                "prompt_ids": list(prompt),
-                "response_ids": self.response_ids[start:end],
-                "response_mask": self.response_mask[start:end],
-                "response_logprobs": None if logps is None else logps[start:end],
-            }
-            for prompt, (start, end) in zip(prompts, spans, strict=True)
-        ]
 
     @property
     def reward(self) -> float:
@@ -273,38 +238,18 @@ class Episode:
         )
 
 
-class _EnvPool:
-    """Reusable LLM-wrapped envs per (env id, options), one process-wide pool.
-
-    Making an env loads its family's data once (cached by the family) but still builds wrappers
-    and spaces; a training run plays thousands of episodes, so finished envs are kept and reset.
-    """
-
-    def __init__(self) -> None:
-        self._free: dict[tuple, list[Any]] = {}
-        self._lock = threading.Lock()
-
-    @staticmethod
-    def _key(env_id: str, env_kwargs: dict[str, Any], llm_kwargs: dict[str, Any]) -> tuple:
-        return (env_id, repr(sorted(env_kwargs.items())), repr(sorted(llm_kwargs.items())))
-
-    def acquire(self, env_id: str, env_kwargs: dict[str, Any], llm_kwargs: dict[str, Any]) -> Any:
-        with self._lock:
-            free = self._free.get(self._key(env_id, env_kwargs, llm_kwargs))
-            if free:
-                return free.pop()
-        return make_llm_env(env_id, env_kwargs=env_kwargs, **llm_kwargs)
-
-    def release(self, env: Any, env_id: str, env_kwargs: dict, llm_kwargs: dict) -> None:
-        with self._lock:
-            self._free.setdefault(self._key(env_id, env_kwargs, llm_kwargs), []).append(env)
-
-
-_ENV_POOL = _EnvPool()
+#: Envs kept for reuse by every runner in the process (verl builds one agent loop per row), by
+#: the runners' LLM-wrapper options; the engine keys each pool by env id and env kwargs. A
+#: training run plays thousands of episodes: making an env builds wrappers and spaces.
+_ENV_POOLS: dict[str, dict[tuple, list[Any]]] = {}
 
 
 class EpisodeRunner:
-    """Play agentgym episodes against an LLM server, token in, token out.
+    """Play agentgym episodes against an LLM server, token in, token out, through the engine.
+
+    Each :meth:`run` plays one episode with :class:`~agentgym.engine.RolloutEngine`, whose
+    policy is the server (:class:`~agentgym.integrations.chat.ChatPolicy`), and turns the
+    engine's record into an :class:`Episode`.
 
     ``server`` is anything with verl's ``LLMServerClient.generate`` signature::
 
@@ -380,13 +325,13 @@ class EpisodeRunner:
             self.chat.observation_ids("")  # a template that cannot run this way fails here
         logger.info("EpisodeRunner plays %s mode (%s)", self.mode, self.chat.reason)
 
-    def _template(self, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
-        return self.chat.render(messages, generation_prompt)
-
     def observation_ids(self, text: str) -> list[int]:
         """Tokens that follow a finished assistant turn: ``text`` as a user message, then the
         assistant header (:meth:`ChatTurns.observation_ids`)."""
         return self.chat.observation_ids(text)
+
+    def _make_env(self, spec: EpisodeSpec) -> Any:
+        return make_llm_env(spec.env_id, env_kwargs=spec.env_kwargs, **self.llm_kwargs)
 
     async def run(
         self,
@@ -399,133 +344,65 @@ class EpisodeRunner:
         env_kwargs: dict[str, Any] | None = None,
         request_id: str | None = None,
     ) -> Episode:
-        """Play one episode from ``env.reset(seed, options={"task", "split"})``; see the class."""
-        env_kwargs = dict(env_kwargs or {})
-        options = {k: v for k, v in (("task", task), ("split", split)) if v is not None}
-        loop = asyncio.get_running_loop()
-        env = await loop.run_in_executor(
-            None, _ENV_POOL.acquire, env_id, env_kwargs, self.llm_kwargs
-        )
-        try:
-            return await self._play(
-                env, sampling_params, env_id, seed, options, request_id or uuid4().hex
-            )
-        finally:
-            _ENV_POOL.release(env, env_id, env_kwargs, self.llm_kwargs)
+        """Play one episode from ``env.reset(seed, options={"task", "split"})``; see the class.
 
-    async def _play(
-        self,
-        env: Any,
-        sampling_params: dict[str, Any],
-        env_id: str,
-        seed: int | None,
-        options: dict[str, Any],
-        request_id: str,
-    ) -> Episode:
-        loop = asyncio.get_running_loop()
-        timing = {"generate_sequences": 0.0, "env_steps": 0.0}
-        tick = time.perf_counter()
-        obs, info = await loop.run_in_executor(
-            None, functools.partial(env.reset, seed=seed, options=options or None)
+        Raises:
+            RuntimeError: the env failed to build, reset or step (its error is named).
+        """
+        policy = _ServerPolicy(self, sampling_params, request_id or uuid4().hex)
+        engine = RolloutEngine(
+            policy,
+            SamplingParams(max_tokens=self.max_turn_tokens or self.response_length),
+            concurrency=1,
+            max_turns=self.max_turns,
+            env_threads=1,
+            make_env=self._make_env,
+            env_pool=_ENV_POOLS.setdefault(repr(sorted(self.llm_kwargs.items())), {}),
         )
-        timing["env_steps"] += time.perf_counter() - tick
-        prompt_ids = self._template([{"role": "user", "content": obs}], generation_prompt=True)
-        if len(prompt_ids) > self.prompt_length:
-            logger.warning(
-                "%s seed %s: first prompt of %d tokens exceeds prompt_length=%d; left-truncating",
-                env_id,
-                seed,
-                len(prompt_ids),
-                self.prompt_length,
-            )
-            prompt_ids = prompt_ids[-self.prompt_length :]
-        response: list[int] = []
-        mask: list[int] = []
-        logprobs: list[float] | None = []
-        spans: list[tuple[int, int]] = []
-        keys: list[Hashable] = []
-        rewards: list[float] = []
-        valid: list[bool] = []
-        texts: list[str] = []
-        terminated = truncated = False
-        task_id = str(info.get("task_id", ""))
-        won = bool(info.get("won", False))
-        per_turn = self.mode == PER_TURN
-        messages = [{"role": "user", "content": obs}]
-        turn_prompts: list[list[int]] = []
-        while True:
-            # per_turn: each turn is its own sequence, with a response budget of its own
-            left = self.response_length - (0 if per_turn else len(response))
-            if left <= 0 or (self.max_turns is not None and len(spans) >= self.max_turns):
-                truncated = True
-                break
-            params = dict(sampling_params)
-            params["max_tokens"] = min(left, self.max_turn_tokens or left)
-            keys.append(info["state_key"])
-            if per_turn:
-                context = prompt_ids if not turn_prompts else self._template(messages, True)
-                context = context[-self.prompt_length :]
-                turn_prompts.append(context)
-            else:
-                context = prompt_ids + response
-            tick = time.perf_counter()
-            out = await self.server.generate(request_id, prompt_ids=context, sampling_params=params)
-            timing["generate_sequences"] += time.perf_counter() - tick
-            tokens = list(out.token_ids)[:left]
-            start = len(response)
-            response += tokens
-            mask += [1] * len(tokens)
-            turn_logprobs = getattr(out, "log_probs", None)
-            if logprobs is not None and turn_logprobs is not None:
-                logprobs += list(turn_logprobs)[: len(tokens)]
-            else:
-                logprobs = None  # a turn without log-probs: verl recomputes them all
-            spans.append((start, len(response)))
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            texts.append(text)
-            tick = time.perf_counter()
-            obs, reward, terminated, env_truncated, info = await loop.run_in_executor(
-                None, env.step, text
-            )
-            timing["env_steps"] += time.perf_counter() - tick
-            rewards.append(float(reward))
-            valid.append(bool(info.get("action_valid", True)))
-            won = bool(info.get("won", False))
-            if terminated or env_truncated:
-                truncated = bool(env_truncated)
-                break
-            if per_turn:  # the next prompt is rendered from the conversation
-                messages += [
-                    {"role": "assistant", "content": text},
-                    {"role": "user", "content": obs},
-                ]
-                continue
-            # The env's reply; a turn cut by the token limit gets its end-of-turn token here.
-            reply = self.chat.close_turn(tokens)
-            reply = (reply + self.observation_ids(obs))[: self.response_length - len(response)]
-            response += reply
-            mask += [0] * len(reply)
-            if logprobs is not None:
-                logprobs += [0.0] * len(reply)
+        spec = EpisodeSpec(env_id, task, seed, split=split, env_kwargs=dict(env_kwargs or {}))
+        (record,) = await engine.run([spec])
         return Episode(
-            prompt_ids=prompt_ids,
-            response_ids=response,
-            response_mask=mask,
-            response_logprobs=logprobs,
-            turn_spans=spans,
-            state_keys=keys,
-            turn_rewards=rewards,
-            turn_valid=valid,
-            turn_texts=texts,
-            won=won,
-            terminated=bool(terminated),
-            truncated=truncated,
-            task_id=task_id,
+            **vars(policy.tokens(record)),
+            turn_rewards=[t.reward for t in record.turns],
+            turn_valid=[t.action_valid for t in record.turns],
+            turn_texts=[t.text for t in record.turns],
+            won=record.won,
+            terminated=record.terminated,
+            truncated=record.truncated,
+            task_id=str(record.task_id or ""),
             env_id=env_id,
-            timing=timing,
-            mode=self.mode,
-            turn_prompt_ids=turn_prompts if per_turn else None,
+            timing={
+                "generate_sequences": engine.stats.generation_s,
+                "env_steps": engine.stats.env_s,
+            },
         )
+
+
+class _ServerPolicy(ChatPolicy):
+    """A verl LLM server as the engine's policy for one :meth:`EpisodeRunner.run`: every turn
+    goes to ``server.generate`` with verl's sampling parameters and the turn's token budget."""
+
+    def __init__(self, runner: EpisodeRunner, sampling_params: dict[str, Any], request_id: str):
+        super().__init__(
+            runner.chat,
+            response_length=runner.response_length,
+            mode=runner.mode,
+            prompt_length=runner.prompt_length,
+            keep_cut_reply=True,  # verl's response ends with what fits of the last observation
+        )
+        self.server = runner.server
+        self.sampling_params = dict(sampling_params)
+        self.request_id = request_id
+
+    async def sample(
+        self, prompt_ids: list[int], max_tokens: int
+    ) -> tuple[list[int], list[float] | None]:
+        params = {**self.sampling_params, "max_tokens": max_tokens}
+        out = await self.server.generate(
+            self.request_id, prompt_ids=prompt_ids, sampling_params=params
+        )
+        logprobs = getattr(out, "log_probs", None)
+        return list(out.token_ids), None if logprobs is None else list(logprobs)
 
 
 class LocalHFServer:

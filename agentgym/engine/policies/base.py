@@ -49,6 +49,12 @@ class PolicyOutput:
     attempts: int = 1
     messages: list[dict[str, str]] | None = None
     """the messages actually sent, where the policy changed the ones it was given"""
+    prompt_ids: list[int] | None = None
+    """the token ids the turn was sampled from (the whole context), when the policy works in
+    tokens"""
+    end_episode: str | None = None
+    """set by a policy that ends the episode here instead of answering (e.g. its token budget
+    is spent): the env is not stepped, no turn is recorded, and this is the ``end_reason``"""
 
 
 class Policy(ABC):
@@ -67,6 +73,12 @@ class Policy(ABC):
     ) -> PolicyOutput:
         """Answer one turn. ``info`` is the env's info of the current state (the scored policy
         reads its candidate actions). Never raises for a model or server failure."""
+
+    def for_episode(self, spec: Any) -> Policy:
+        """The policy that plays the episode ``spec`` (an ``EpisodeSpec``); the engine asks once
+        per episode and sends that episode's turns to what this returns. Default: ``self``. A
+        policy that keeps state per episode (a token context) returns a fresh object."""
+        return self
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release connections and threads."""
