@@ -1,8 +1,8 @@
 """Train on an agentgym env with TRL's GRPOTrainer, agentgym playing the episodes (rollout_func).
 
 :class:`agentgym.integrations.trl.GroupRollout` plays each prompt's ``num_generations``
-generations as one group of a :class:`agentgym.GroupVectorEnv` (same task, same initial
-state), generating every turn with the trainer's model, and hands TRL one multi-turn completion
+generations with the library's engine (:class:`agentgym.engine.RolloutEngine`; one group, same
+task, same initial state), generating every turn with the trainer's model, and hands TRL one multi-turn completion
 per generation: model tokens (trained) and env tokens (masked out by ``env_mask``). The reward
 is the episode's return; each completion also carries the ``state_key`` of every turn.
 

@@ -315,6 +315,73 @@ def test_rollout_func_trains_on_env_returns_with_shared_group_states(tmp_path, o
     )
 
 
+def test_rollout_func_plays_every_episode_through_the_engine(
+    tmp_path, one_thread, monkeypatch, engine_runs
+):
+    """Through TRL's GRPOTrainer, each rollout_func call is one run of the library's engine: the
+    policy generating every turn is called only from inside that run, and what TRL trains on is
+    that run's records (each turn's sampled ids at its span, sampled from the sequence before)."""
+    from agentgym.integrations import trl as adapter
+
+    calls, batches = [], []
+
+    class RecordingPolicy(adapter._TrainerPolicy):
+        """The adapter's own policy (real generation), noting the engine each turn came from."""
+
+        async def sample(self, prompt_ids, max_tokens):
+            calls.append((engine_runs.current(), self, list(prompt_ids)))
+            return await super().sample(prompt_ids, max_tokens)
+
+        def _generate(self, contexts, max_new_tokens):
+            batches.append((self, len(contexts)))
+            return super()._generate(contexts, max_new_tokens)
+
+    monkeypatch.setattr(adapter, "_TrainerPolicy", RecordingPolicy)
+    steps = 2
+    trainer, rollout = _example("trl_rollout_func").build(
+        ["--max-steps", str(steps), "--num-tasks", "4", *SMALL, "--output-dir", str(tmp_path)]
+    )
+    outputs = []
+
+    def keep(prompts, trainer):
+        outputs.append(rollout(prompts, trainer))
+        return outputs[-1]
+
+    trainer.rollout_func = keep
+    try:
+        trainer.train()
+    finally:
+        rollout.close()
+
+    assert len(engine_runs.runs) == len(outputs) == steps
+    assert calls and all(engine is not None for engine, _, _ in calls)  # no turn outside a run
+    for step, ((engine, records), out) in enumerate(zip(engine_runs.runs, outputs, strict=True)):
+        assert isinstance(engine.policy, RecordingPolicy) and engine.lockstep
+        turns = [t for r in records for t in r.turns]
+        mine = [(policy, ids) for e, policy, ids in calls if e is engine]
+        assert len(mine) == len(turns) == engine.stats.turns > 0
+        assert all(policy is engine.policy for policy, _ in mine)
+        assert sorted(ids for _, ids in mine) == sorted(t.prompt_ids for t in turns)
+        assert {t.policy_version for t in turns} == {step}  # the trainer's global step
+        # lockstep: each round's turns of all running episodes are one generate call
+        sizes = [n for policy, n in batches if policy is engine.policy]
+        assert len(sizes) == max(len(r.turns) for r in records) and sum(sizes) == len(turns)
+        assert sizes[0] == len(records)
+        assert len(records) == len(out["completion_ids"])
+        for i, record in enumerate(records):
+            prompt, completion = out["prompt_ids"][i], out["completion_ids"][i]
+            spans = out["turn_spans"][i]
+            assert len(spans) == len(record.turns)
+            for turn, (start, end) in zip(record.turns, spans, strict=True):
+                assert completion[start:end] == turn.token_ids
+                assert out["logprobs"][i][start:end] == turn.logprobs
+                assert turn.prompt_ids == prompt + completion[:start]
+            assert out["step_rewards"][i] == [t.reward for t in record.turns]
+            assert out["env_return"][i] == pytest.approx(record.total_reward)
+            assert (out["task_id"][i], out["won"][i]) == (record.task_id, record.won)
+    assert rollout.records is engine_runs.runs[-1][1]
+
+
 def test_rollout_func_groups_runs_of_one_task_and_refuses_prompts_without_one():
     GroupRollout(ENV, fmt="plain")  # builds no env until called
     with pytest.raises(ValueError, match="build_dataset"):

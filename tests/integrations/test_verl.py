@@ -330,7 +330,9 @@ def verl_installed():
     setup_verl_worker()
 
 
-def test_verl_builds_and_runs_the_registered_agent_loop(verl_installed, rows, tokenizer):
+def registered_agent_loop(server, tokenizer, max_turns=3):
+    """verl's own registry entry for the agent loop, built by hydra as verl's workers build it
+    (inside the event loop), with ``server`` as verl's server manager."""
     import hydra
     from omegaconf import OmegaConf
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry
@@ -341,7 +343,7 @@ def test_verl_builds_and_runs_the_registered_agent_loop(verl_installed, rows, to
                 "rollout": {
                     "prompt_length": 512,
                     "response_length": 1500,
-                    "multi_turn": {"max_assistant_turns": 3},
+                    "multi_turn": {"max_assistant_turns": max_turns},
                 }
             },
             "data": {},
@@ -349,20 +351,23 @@ def test_verl_builds_and_runs_the_registered_agent_loop(verl_installed, rows, to
     )
     entry = _agent_loop_registry[AGENT_NAME]
     assert entry["_target_"] == "agentgym.integrations.verl.AgentGymAgentLoop"
+    return hydra.utils.instantiate(
+        entry,
+        trainer_config=DictConfigWrap(config),
+        server_manager=server,
+        tokenizer=tokenizer,
+        processor=None,
+        dataset_cls=None,
+        data_config=DictConfigWrap(config.data),
+        hf_model_type=None,
+        tools=None,
+        fmt="plain",  # an option of the loop's registry entry
+    )
 
+
+def test_verl_builds_and_runs_the_registered_agent_loop(verl_installed, rows, tokenizer):
     async def main():
-        loop = hydra.utils.instantiate(
-            entry,
-            trainer_config=DictConfigWrap(config),
-            server_manager=ScriptedServer(tokenizer, lambda _: "red"),
-            tokenizer=tokenizer,
-            processor=None,
-            dataset_cls=None,
-            data_config=DictConfigWrap(config.data),
-            hf_model_type=None,
-            tools=None,
-            fmt="plain",  # an option of the loop's registry entry
-        )
+        loop = registered_agent_loop(ScriptedServer(tokenizer, lambda _: "red"), tokenizer)
         return await loop.run({"temperature": 1.0}, raw_prompt=rows[0]["prompt"], **rows[0])
 
     output = asyncio.run(main())
@@ -374,6 +379,55 @@ def test_verl_builds_and_runs_the_registered_agent_loop(verl_installed, rows, to
     assert int(tensors["response_mask"].sum()) == sum(
         e - s for s, e in fields["agentgym_turn_spans"]
     )
+
+
+def test_agent_loop_plays_each_row_through_the_engine(verl_installed, rows, tokenizer, engine_runs):
+    """verl's agent loop plays each row as one run of the library's engine, whose policy is
+    verl's server manager: every server call comes from inside that run, and the loop's output
+    is that run's record (each turn's sampled ids at its span, sampled from the sequence
+    before it; its rewards and validity)."""
+
+    class RecordingServer(ScriptedServer):
+        """The scripted server, noting which engine run each request came from."""
+
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.engines = []
+
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kw):
+            self.engines.append(engine_runs.current())
+            return await super().generate(
+                request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kw
+            )
+
+    server = RecordingServer(tokenizer, lambda o: "red" if "dead end" not in o else "back")
+
+    async def main():
+        loops = [registered_agent_loop(server, tokenizer, max_turns=4) for _ in range(2)]
+        return await asyncio.gather(
+            *[
+                loop.run({"temperature": 1.0}, raw_prompt=row["prompt"], **row)
+                for loop, row in zip(loops, rows, strict=True)
+            ]
+        )
+
+    outputs = asyncio.run(main())
+    assert len(engine_runs.runs) == 2 and None not in server.engines
+    assert len(server.engines) == len(server.calls)
+    by_seed = {records[0].seed: (engine, records[0]) for engine, records in engine_runs.runs}
+    for row, output in zip(rows, outputs, strict=True):
+        engine, record = by_seed[row["extra_info"]["seed"]]
+        assert engine.policy.server is server
+        assert server.engines.count(engine) == len(record.turns) == engine.stats.turns == 4
+        fields = output.extra_fields
+        assert fields["agentgym_turn_rewards"] == [t.reward for t in record.turns]
+        assert fields["agentgym_turn_valid"] == [t.action_valid for t in record.turns]
+        assert fields["agentgym_task_id"] == record.task_id
+        assert output.prompt_ids == record.turns[0].prompt_ids
+        spans = fields["agentgym_turn_spans"]
+        for turn, (start, end) in zip(record.turns, spans, strict=True):
+            assert output.response_ids[start:end] == turn.token_ids
+            assert turn.prompt_ids == output.prompt_ids + output.response_ids[:start]
 
 
 def test_verl_compute_advantage_runs_our_estimator(verl_installed, rows, tokenizer):
