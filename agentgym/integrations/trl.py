@@ -627,44 +627,21 @@ class GroupRollout:
             env_pool=self._env_pool,
         )
         self.records = records = _run_sync(engine.run(specs))
-        out: dict[str, list[Any]] = {key: [] for key in _OUTPUT_KEYS}
-        for record in records:
-            tokens = policy.tokens(record)
-            rewards = [t.reward for t in record.turns]
-            for key, value in zip(
-                _OUTPUT_KEYS,
-                (
-                    tokens.prompt_ids,
-                    tokens.response_ids,
-                    tokens.response_logprobs,
-                    tokens.response_mask,
-                    float(sum(rewards)),
-                    record.won,
-                    record.task_id,
-                    tokens.state_keys[0] if tokens.state_keys else None,
-                    tokens.state_keys,
-                    rewards,
-                    [list(span) for span in tokens.turn_spans],
-                ),
-                strict=True,
-            ):
-                out[key].append(value)
-        return out
-
-
-_OUTPUT_KEYS = (
-    "prompt_ids",
-    "completion_ids",
-    "logprobs",
-    "env_mask",
-    "env_return",
-    "won",
-    "task_id",
-    "initial_state_key",
-    "state_keys",
-    "step_rewards",
-    "turn_spans",
-)
+        tokens = [policy.tokens(record) for record in records]
+        rewards = [[turn.reward for turn in record.turns] for record in records]
+        return {
+            "prompt_ids": [t.prompt_ids for t in tokens],
+            "completion_ids": [t.response_ids for t in tokens],
+            "logprobs": [t.response_logprobs for t in tokens],
+            "env_mask": [t.response_mask for t in tokens],
+            "env_return": [float(sum(r)) for r in rewards],
+            "won": [record.won for record in records],
+            "task_id": [record.task_id for record in records],
+            "initial_state_key": [t.state_keys[0] if t.state_keys else None for t in tokens],
+            "state_keys": [t.state_keys for t in tokens],
+            "step_rewards": rewards,
+            "turn_spans": [[list(span) for span in t.turn_spans] for t in tokens],
+        }
 
 
 def _run_sync(coroutine: Any) -> Any:
