@@ -139,6 +139,24 @@ def atomic_save_npy(path: str | os.PathLike[str], array: np.ndarray) -> None:
         np.save(f, array, allow_pickle=False)
 
 
+def _mkdir_mode(parent: Path) -> int:
+    """The permission bits ``os.mkdir`` gives a new folder in ``parent`` (0777 less the umask).
+
+    Read from a probe folder, not by swapping ``os.umask``: that would change the mask of every
+    thread of the process for an instant.
+    """
+    while True:
+        probe = parent / f".mode-probe-{secrets.token_hex(4)}.tmp"
+        try:
+            probe.mkdir()
+        except FileExistsError:  # a name already taken: draw another
+            continue
+        try:
+            return probe.stat().st_mode & 0o777
+        finally:
+            probe.rmdir()
+
+
 def replace_dir(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -153,8 +171,13 @@ def replace_dir(
     one, so an existing ``dst`` is first renamed to ``aside`` (default: a hidden ``.NAME.old-*``
     beside it) and removed once ``src`` is in place: a kill between the renames leaves the old
     directory whole under ``aside``, for a caller that knows the name to recover.
+
+    ``dst`` gets the mode a plain ``mkdir`` would give it (0777 less the umask), whatever mode
+    ``src`` was made with: ``tempfile.mkdtemp`` makes 0700 folders, which would hide a shared
+    index or model from the rest of its group.
     """
     src, dst = Path(src), Path(dst)
+    os.chmod(src, _mkdir_mode(src.parent))
     if not dst.exists():
         os.replace(src, dst)
         return
