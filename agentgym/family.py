@@ -8,7 +8,11 @@ env variable its real data is read from. Shared code looks a family up by name w
 
 * :func:`agentgym.wrappers.llm.make_llm_env` takes the prompt of ``env.unwrapped.family``;
 * :func:`agentgym.algorithms.judges.rule_judge` builds the judge ``FAMILY.rule_judge`` describes;
-* the bundled trainer's ``Config.for_env`` starts from ``FAMILY.trainer_defaults``;
+* :func:`agentgym.algorithms.judges.llm_judge_templates` prompts an LLM judge as
+  ``FAMILY.llm_judge`` says;
+* the bundled trainer's ``Config.for_env`` starts from ``FAMILY.trainer_defaults``, and its
+  ``--policy scored`` (choose among listed actions) refuses a family without
+  ``FAMILY.lists_actions``;
 * the test suite's real-data fixtures set ``FAMILY.data_env_var``.
 
 So a new family is one folder (its env, its ``FAMILY``) plus one registration line (its
@@ -128,8 +132,27 @@ class FamilySpec:
     data_env_var: str | None = None
     """the env variable its real data is read from (``ALFWORLD_DATA``); None for families that
     generate their tasks"""
+    lists_actions: bool = True
+    """whether its envs list ``info["admissible_actions"]`` (on every reset and step); False
+    where actions are free text (SearchQA's queries and answers) and ``admissible_actions`` is
+    always None: a policy that chooses among listed actions cannot play it"""
+    llm_judge: str | tuple[str, ...] = "progress"
+    """how an LLM judge is prompted to score one of its rounds: a name in
+    :data:`agentgym.algorithms.judges.LLM_JUDGE_PROMPTS` (``"progress"``: did this step help
+    solve the task; ``"search_rounds"``: CW-GRPO's retrieval utility x reasoning soundness), or
+    the ``str.format`` templates themselves (fields ``observation``, ``action``, ``result``; a
+    round's score is the product of the templates' verdicts)"""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.llm_judge, str) and not (
+            isinstance(self.llm_judge, tuple)
+            and self.llm_judge
+            and all(isinstance(t, str) for t in self.llm_judge)
+        ):
+            raise TypeError(
+                f"llm_judge must be a prompt-set name or a non-empty tuple of templates, not "
+                f"{self.llm_judge!r}"
+            )
         # One cap: a trainer passing a second one would override the registry's silently.
         if "max_steps" in self.trainer_defaults:
             raise ValueError(

@@ -23,7 +23,16 @@ import pytest
 
 import agentgym
 from agentgym import family as families
-from agentgym.algorithms.judges import RULE_JUDGES, Judge, ProgressJudge, build_judge, rule_judge
+from agentgym.algorithms.judges import (
+    CW_GRPO_TEMPLATES,
+    DEFAULT_JUDGE_TEMPLATE,
+    RULE_JUDGES,
+    Judge,
+    ProgressJudge,
+    build_judge,
+    llm_judge_templates,
+    rule_judge,
+)
 from agentgym.envs import ENTRIES, EnvEntry
 from agentgym.family import FamilySpec, JudgeSpec, family_spec
 from agentgym.wrappers.llm import FAMILY_TEMPLATES, PROMPT_TEMPLATES, make_llm_env
@@ -91,6 +100,7 @@ FAMILY = FamilySpec(
     rule_judge=JudgeSpec("progress", {"key": "score"}),
     trainer_defaults={"lr": 0.25, "train_split": "train", "history_length": 0},
     data_env_var="COUNTER_DATA",
+    llm_judge=("Did {action} after {observation} count up? Answer yes or no.\\nAnswer:",),
 )
 '''
 
@@ -172,6 +182,45 @@ def test_a_toy_family_is_one_folder_and_one_line(toy_family):
 
     # the data variable
     assert family_spec("counter").data_env_var == "COUNTER_DATA"
+
+    # the LLM judge's prompts, and the scored policy (the toy lists its actions)
+    assert llm_judge_templates("counter") == toy_family.FAMILY.llm_judge
+    from trainers.gigpo.scored import scored_problem
+
+    assert scored_problem(TOY_ID) is None
+
+
+def test_what_a_family_declares_steers_the_trainer(toy_family, monkeypatch):
+    # the trainer reads the spec, never a family's name: a free-text toy is refused by the
+    # scored policy, and an LLM judge prompts it as its spec says
+    from trainers.gigpo.config import Config, ConfigError
+    from trainers.gigpo.scored import scored_problem
+
+    spec = dataclasses.replace(toy_family.FAMILY, lists_actions=False, llm_judge="search_rounds")
+    monkeypatch.setattr(toy_family, "FAMILY", spec)
+    families._SPECS.pop("counter", None)
+    assert "'counter' family (ToyGym/Counter-v0) lists none" in scored_problem(TOY_ID)
+    with pytest.raises(ConfigError, match="lists none"):
+        Config.for_env(TOY_ID, policy="scored").check_policy()
+    assert llm_judge_templates("counter") == CW_GRPO_TEMPLATES
+    monkeypatch.setattr(toy_family, "FAMILY", dataclasses.replace(spec, llm_judge="nope"))
+    families._SPECS.pop("counter", None)
+    with pytest.raises(ValueError, match="unknown prompt set 'nope'"):
+        llm_judge_templates("counter")
+    with pytest.raises(TypeError, match="llm_judge must be"):
+        FamilySpec(llm_judge=())
+
+
+def test_free_text_families_list_no_actions():
+    # FAMILY.lists_actions says what the envs do: listed actions on reset, or None throughout
+    for e in ENTRIES:
+        if not e.available() or e.real_data:
+            continue
+        _, info = gym.make(e.id).reset(seed=0)
+        listed = family_spec(e.family).lists_actions
+        assert (info["admissible_actions"] is not None) == listed, e.id
+    assert llm_judge_templates("searchqa") == CW_GRPO_TEMPLATES
+    assert llm_judge_templates("webshop") == (DEFAULT_JUDGE_TEMPLATE,)
 
 
 def test_unregistered_families_fall_back_to_generic_defaults():
