@@ -6,6 +6,7 @@ root checks the same ones by hand.
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -42,6 +43,59 @@ def test_the_design_rules_are_contracts():
         assert ((source,), target) in forbidden, f"no contract keeps {source} off {target}"
     acyclic = [c for c in _contracts() if c["type"] == "acyclic_siblings"]
     assert acyclic and {"agentgym", "trainers"} <= set(acyclic[0]["ancestors"])
+
+
+def test_code_built_on_the_library_is_held_to_its_public_api():
+    # DESIGN.md: trainers/ and agentgym/integrations/ -> agentgym public API only
+    public = [
+        c
+        for c in _contracts()
+        if c["type"] == "forbidden"
+        and {"trainers", "agentgym.integrations"} <= set(c["source_modules"])
+    ]
+    assert public, "no contract keeps trainers/ and agentgym/integrations/ on the public API"
+    internals = set(public[0]["forbidden_modules"])
+    assert {"agentgym.envs.*", "agentgym.vector.*", "agentgym.eval"} <= internals
+    assert public[0].get("allow_indirect_imports") is True  # the public API may use internals
+    assert any(
+        c["type"] == "private_modules" and not c.get("packages_with_private_modules")
+        for c in _contracts()
+    ), "no contract keeps private (_name) modules inside their package"
+
+
+def _private_names_imported(source: str, path: Path) -> list[str]:
+    """``from agentgym.X import _name`` in ``source`` (the file at ``path``) where X is not the
+    file's own package."""
+    own = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    found = []
+    for node in ast.walk(ast.parse(source, str(path))):
+        if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+            continue
+        if not node.module.startswith("agentgym") or node.module.startswith(own + "."):
+            continue
+        found += [
+            f"{node.module}.{a.name}"
+            for a in node.names
+            if a.name.startswith("_") and not a.name.startswith("__")
+        ]
+    return found
+
+
+@pytest.mark.parametrize("folder", ["trainers", "agentgym/integrations"])
+def test_no_private_names_are_imported_from_the_library(folder):
+    # import-linter sees modules, not names: a private helper (agentgym.x._helper) is checked here
+    bad = {
+        str(p.relative_to(ROOT)): names
+        for p in sorted((ROOT / folder).rglob("*.py"))
+        if (names := _private_names_imported(p.read_text(), p))
+    }
+    assert not bad, f"private names of agentgym imported: {bad}"
+    # (and the check can fail)
+    source = "from agentgym.core import _hidden, TextEnv\nfrom agentgym.io import _fsync_file\n"
+    assert _private_names_imported(source, ROOT / folder / "x.py") == [
+        "agentgym.core._hidden",
+        "agentgym.io._fsync_file",
+    ]
 
 
 def test_lint_imports_passes():
