@@ -92,6 +92,10 @@ class PromptTemplate:
     """the action format this family's prompts ask for"""
     task_from_observation: bool = False
     """use the first observation as the task when the env's info names none (QA questions)"""
+    task_key: tuple[str, ...] | None = None
+    """the info keys the task is read from, tried in order; ``"goal.instruction_text"`` reads
+    ``info["goal"]["instruction_text"]`` (a structured goal must not reach the prompt whole: it
+    may hold the answer). None: the renderer's default, ``("goal", "question", "instruction")``"""
 
 
 #: verl-agent's history paragraph, shared by the templates that show (observation, action) pairs.
