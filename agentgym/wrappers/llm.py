@@ -593,8 +593,9 @@ class PromptRenderer(gym.Wrapper):
     stays inside ``observation_space`` whatever the model writes.
 
     The task is read from the reset info under ``task_key`` (a key or a sequence of keys tried in
-    order, ``"a.b"`` for ``info["a"]["b"]``; default: the template's ``task_key``, else
-    :data:`DEFAULT_TASK_KEYS`), and refreshed if a step's info carries it. Admissible actions come from ``info["admissible_actions"]``. The raw observation
+    order, ``"a.b"`` for ``info["a"]["b"]``; default: the template's ``task_key``, else the env
+    family's template's, else :data:`DEFAULT_TASK_KEYS`), and refreshed if a step's info
+    carries it. Admissible actions come from ``info["admissible_actions"]``. The raw observation
     stays available as ``info["raw_observation"]``.
     """
 
@@ -612,8 +613,9 @@ class PromptRenderer(gym.Wrapper):
             raise ValueError(f"history_length must be >= 0, got {history_length}")
         self.template = _template(template)
         self.history_length = history_length
-        if task_key is None:
-            task_key = self.template.task_key or DEFAULT_TASK_KEYS
+        if task_key is None:  # where the family's info keeps the task, whatever the template
+            family = template_for_family(getattr(env.unwrapped, "family", None))
+            task_key = self.template.task_key or family.task_key or DEFAULT_TASK_KEYS
         self.task_keys = (task_key,) if isinstance(task_key, str) else tuple(task_key)
         # The instruction must ask for what the parser accepts: take the parser's format if one
         # sits below us, else the caller's, else the template's.
