@@ -122,7 +122,23 @@ class JudgeSpec:
 
 @dataclass(frozen=True)
 class FamilySpec:
-    """Everything shared code asks of one env family (see the module docstring)."""
+    """Everything shared code asks of one env family (see the module docstring).
+
+    A family's package declares one; shared code reads it by name with :func:`family_spec`:
+
+    >>> FAMILY = FamilySpec(
+    ...     prompt=PromptTemplate(first="{observation}\\n{instruction}",
+    ...                           later="{history}\\n{observation}\\n{instruction}",
+    ...                           default_fmt="plain"),
+    ...     rule_judge=JudgeSpec("progress", {"key": "score"}),  # a round that raised score: 1
+    ...     trainer_defaults={"lr": 1e-5},
+    ... )
+    >>> FAMILY.lists_actions, FAMILY.llm_judge, FAMILY.prompt.default_fmt
+    (True, 'progress', 'plain')
+    >>> FamilySpec(trainer_defaults={"max_steps": 5})
+    Traceback (most recent call last):
+    ValueError: trainer_defaults must not hold max_steps: the step cap is the registry entry's (EnvEntry(max_episode_steps=...))
+    """
 
     prompt: PromptTemplate | None = None
     """the LLM prompt its envs are rendered with; None: the wrappers' generic template"""
@@ -189,6 +205,13 @@ def family_spec(name: str) -> FamilySpec | None:
     name or its package declares no ``FAMILY`` (shared code then uses its generic defaults).
 
     The family's package is imported on the first call for that family.
+
+    >>> family_spec("sokoban").rule_judge
+    JudgeSpec(kind='progress', options={'key': 'score'})
+    >>> family_spec("searchqa").lists_actions, family_spec("searchqa").data_env_var
+    (False, 'SEARCHQA_DATA')
+    >>> family_spec("no-such-family") is None
+    True
     """
     if name in _SPECS:
         return _SPECS[name]
@@ -231,6 +254,10 @@ class FamilyTable(MutableMapping[str, V], Generic[V]):
 
     The old module-level tables (``PROMPT_TEMPLATES``, ``RULE_JUDGES``...) are these views, so
     code that reads them sees every family without the family being written into them.
+
+    >>> data_vars = FamilyTable(lambda name, spec: spec.data_env_var, fixed={"mine": "MINE_DATA"})
+    >>> data_vars["alfworld"], data_vars["mine"], "sokoban" in data_vars  # sokoban: no data
+    ('ALFWORLD_DATA', 'MINE_DATA', False)
     """
 
     def __init__(
