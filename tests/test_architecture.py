@@ -121,3 +121,37 @@ def test_lint_imports_passes():
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _code_strings(path: Path) -> set[str]:
+    """The string constants of ``path``'s code, docstrings left out."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+    }
+
+
+def test_the_trainer_never_names_a_family():
+    # what differs between families is declared by each (FAMILY: lists_actions, llm_judge,
+    # trainer_defaults...) and read through agentgym.family, never tested by name in trainers/
+    from agentgym.family import family_names
+
+    names = set(family_names()) | {"search"}  # (an older name of searchqa's prompt)
+    bad = {
+        str(p.relative_to(ROOT)): sorted(found)
+        for p in sorted((ROOT / "trainers").rglob("*.py"))
+        if (found := _code_strings(p) & names)
+    }
+    assert not bad, f"trainers/ names env families: {bad}"
