@@ -95,7 +95,8 @@ class PromptTemplate:
     task_key: tuple[str, ...] | None = None
     """the info keys the task is read from, tried in order; ``"goal.instruction_text"`` reads
     ``info["goal"]["instruction_text"]`` (a structured goal must not reach the prompt whole: it
-    may hold the answer). None: the renderer's default, ``("goal", "question", "instruction")``"""
+    may hold the answer). A family's keys hold whatever template renders its envs (the
+    trainer's compact ones too). None: ``("goal", "question", "instruction")``"""
 
 
 #: verl-agent's history paragraph, shared by the templates that show (observation, action) pairs.
