@@ -205,22 +205,18 @@ def test_a_toy_family_is_one_folder_and_one_line(toy_family):
 
     # the LLM judge's prompts, and the scored policy (the toy lists its actions)
     assert llm_judge_templates("counter") == toy_family.FAMILY.llm_judge
-    from trainers.gigpo.scored import scored_problem
-
-    assert scored_problem(TOY_ID) is None
+    Config.for_env(TOY_ID, policy="scored").check_policy()  # it lists its actions
 
 
 def test_what_a_family_declares_steers_the_trainer(toy_family, monkeypatch):
     # the trainer reads the spec, never a family's name: a free-text toy is refused by the
     # scored policy, and an LLM judge prompts it as its spec says
     from trainers.gigpo.config import Config, ConfigError
-    from trainers.gigpo.scored import scored_problem
 
     spec = dataclasses.replace(toy_family.FAMILY, lists_actions=False, llm_judge="search_rounds")
     monkeypatch.setattr(toy_family, "FAMILY", spec)
     families._SPECS.pop("counter", None)
-    assert "'counter' family (ToyGym/Counter-v0) lists none" in scored_problem(TOY_ID)
-    with pytest.raises(ConfigError, match="lists none"):
+    with pytest.raises(ConfigError, match="'counter' family .ToyGym/Counter-v0. lists none"):
         Config.for_env(TOY_ID, policy="scored").check_policy()
     assert llm_judge_templates("counter") == CW_GRPO_TEMPLATES
     monkeypatch.setattr(toy_family, "FAMILY", dataclasses.replace(spec, llm_judge="nope"))
