@@ -26,7 +26,7 @@ from agentgym.core import (
     TextEnv,
 )
 from agentgym.envs import ENTRIES, EnvEntry, entry
-from agentgym.family import register_family
+from agentgym.family import FamilySpec, family_spec, register_family
 from agentgym.vector import GroupVectorEnv, Step, Trajectory, vector_entry_point
 
 __version__ = "0.1.0"
@@ -42,6 +42,8 @@ __all__ = [
     "EnvEntry",
     "entry",
     "env_ids",
+    "FamilySpec",
+    "family_spec",
     "register",
     "register_envs",
     "GroupVectorEnv",

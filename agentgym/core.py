@@ -184,6 +184,11 @@ def coerce_action(action: Any) -> str | None:
 
     ``bytes`` are decoded as UTF-8 with replacement; numpy string scalars become ``str``;
     anything else (None, numbers, lists) is not an action and gives None.
+
+    >>> coerce_action("go north"), coerce_action(b"up"), isinstance(coerce_action(np.str_("a")), str)
+    ('go north', 'up', True)
+    >>> coerce_action(None), coerce_action(42), coerce_action(["up"])
+    (None, None, None)
     """
     if isinstance(action, str):
         return action
@@ -204,6 +209,11 @@ def describe_action(action: Any, limit: int = 60) -> str:
     non-ASCII as ``\\x..`` escapes, lone surrogates, 1 MB strings), so it can be echoed back,
     and at most ``limit + 3`` characters long (``"..."`` marks a cut). Non-text actions show
     their ``repr``.
+
+    >>> describe_action("héllo\\x1b[2J")
+    'h\\\\xe9llo?[2J'
+    >>> describe_action("x" * 100, limit=5), describe_action(None)
+    ('xxxxx...', 'None')
     """
     text = action if isinstance(action, str) else repr(action)
     shown = text[:limit].encode("ascii", "backslashreplace").decode("ascii")
@@ -276,6 +286,22 @@ class TextEnv(gym.Env[str, str]):
     observations wherever the family's text is a function of its state (every family but
     ALFWorld, whose text remembers facts made false); only the step cap, which counts steps
     since reset, may end one earlier.
+
+    >>> import gymnasium as gym, agentgym
+    >>> env = gym.make("AgentGym/Corridor-v0")
+    >>> obs, info = env.reset(seed=0)
+    >>> obs
+    'Room 1 of 4. Doors: red, blue, green. Light comes through the green door.'
+    >>> [info[k] for k in ("task_id", "admissible_actions", "action_valid", "won", "score")]
+    ['corridor-train-850624', ['red', 'blue', 'green'], True, False, 0.0]
+    >>> obs, reward, terminated, truncated, info = env.step("purple")  # never an exception
+    >>> obs, info["action_valid"]
+    ("Invalid action 'purple'. Say one of: red, blue, green.", False)
+    >>> snap = env.unwrapped.snapshot()
+    >>> first = env.step("blue")
+    >>> env.unwrapped.restore(snap)
+    >>> env.step("blue")[:4] == first[:4]  # the same step again, from the same state
+    True
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}

@@ -8,7 +8,11 @@ env variable its real data is read from. Shared code looks a family up by name w
 
 * :func:`agentgym.wrappers.llm.make_llm_env` takes the prompt of ``env.unwrapped.family``;
 * :func:`agentgym.algorithms.judges.rule_judge` builds the judge ``FAMILY.rule_judge`` describes;
-* the bundled trainer's ``Config.for_env`` starts from ``FAMILY.trainer_defaults``;
+* :func:`agentgym.algorithms.judges.llm_judge_templates` prompts an LLM judge as
+  ``FAMILY.llm_judge`` says;
+* the bundled trainer's ``Config.for_env`` starts from ``FAMILY.trainer_defaults``, and its
+  ``--policy scored`` (choose among listed actions) refuses a family without
+  ``FAMILY.lists_actions``;
 * the test suite's real-data fixtures set ``FAMILY.data_env_var``.
 
 So a new family is one folder (its env, its ``FAMILY``) plus one registration line (its
@@ -88,6 +92,11 @@ class PromptTemplate:
     """the action format this family's prompts ask for"""
     task_from_observation: bool = False
     """use the first observation as the task when the env's info names none (QA questions)"""
+    task_key: tuple[str, ...] | None = None
+    """the info keys the task is read from, tried in order; ``"goal.instruction_text"`` reads
+    ``info["goal"]["instruction_text"]`` (a structured goal must not reach the prompt whole: it
+    may hold the answer). A family's keys hold whatever template renders its envs (the
+    trainer's compact ones too). None: ``("goal", "question", "instruction")``"""
 
 
 #: verl-agent's history paragraph, shared by the templates that show (observation, action) pairs.
@@ -114,7 +123,23 @@ class JudgeSpec:
 
 @dataclass(frozen=True)
 class FamilySpec:
-    """Everything shared code asks of one env family (see the module docstring)."""
+    """Everything shared code asks of one env family (see the module docstring).
+
+    A family's package declares one; shared code reads it by name with :func:`family_spec`:
+
+    >>> FAMILY = FamilySpec(
+    ...     prompt=PromptTemplate(first="{observation}\\n{instruction}",
+    ...                           later="{history}\\n{observation}\\n{instruction}",
+    ...                           default_fmt="plain"),
+    ...     rule_judge=JudgeSpec("progress", {"key": "score"}),  # a round that raised score: 1
+    ...     trainer_defaults={"lr": 1e-5},
+    ... )
+    >>> FAMILY.lists_actions, FAMILY.llm_judge, FAMILY.prompt.default_fmt
+    (True, 'progress', 'plain')
+    >>> FamilySpec(trainer_defaults={"max_steps": 5})
+    Traceback (most recent call last):
+    ValueError: trainer_defaults must not hold max_steps: the step cap is the registry entry's (EnvEntry(max_episode_steps=...))
+    """
 
     prompt: PromptTemplate | None = None
     """the LLM prompt its envs are rendered with; None: the wrappers' generic template"""
@@ -128,8 +153,27 @@ class FamilySpec:
     data_env_var: str | None = None
     """the env variable its real data is read from (``ALFWORLD_DATA``); None for families that
     generate their tasks"""
+    lists_actions: bool = True
+    """whether its envs list ``info["admissible_actions"]`` (on every reset and step); False
+    where actions are free text (SearchQA's queries and answers) and ``admissible_actions`` is
+    always None: a policy that chooses among listed actions cannot play it"""
+    llm_judge: str | tuple[str, ...] = "progress"
+    """how an LLM judge is prompted to score one of its rounds: a name in
+    :data:`agentgym.algorithms.judges.LLM_JUDGE_PROMPTS` (``"progress"``: did this step help
+    solve the task; ``"search_rounds"``: CW-GRPO's retrieval utility x reasoning soundness), or
+    the ``str.format`` templates themselves (fields ``observation``, ``action``, ``result``; a
+    round's score is the product of the templates' verdicts)"""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.llm_judge, str) and not (
+            isinstance(self.llm_judge, tuple)
+            and self.llm_judge
+            and all(isinstance(t, str) for t in self.llm_judge)
+        ):
+            raise TypeError(
+                f"llm_judge must be a prompt-set name or a non-empty tuple of templates, not "
+                f"{self.llm_judge!r}"
+            )
         # One cap: a trainer passing a second one would override the registry's silently.
         if "max_steps" in self.trainer_defaults:
             raise ValueError(
@@ -162,6 +206,13 @@ def family_spec(name: str) -> FamilySpec | None:
     name or its package declares no ``FAMILY`` (shared code then uses its generic defaults).
 
     The family's package is imported on the first call for that family.
+
+    >>> family_spec("sokoban").rule_judge
+    JudgeSpec(kind='progress', options={'key': 'score'})
+    >>> family_spec("searchqa").lists_actions, family_spec("searchqa").data_env_var
+    (False, 'SEARCHQA_DATA')
+    >>> family_spec("no-such-family") is None
+    True
     """
     if name in _SPECS:
         return _SPECS[name]
@@ -204,6 +255,10 @@ class FamilyTable(MutableMapping[str, V], Generic[V]):
 
     The old module-level tables (``PROMPT_TEMPLATES``, ``RULE_JUDGES``...) are these views, so
     code that reads them sees every family without the family being written into them.
+
+    >>> data_vars = FamilyTable(lambda name, spec: spec.data_env_var, fixed={"mine": "MINE_DATA"})
+    >>> data_vars["alfworld"], data_vars["mine"], "sokoban" in data_vars  # sokoban: no data
+    ('ALFWORLD_DATA', 'MINE_DATA', False)
     """
 
     def __init__(

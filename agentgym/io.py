@@ -95,6 +95,15 @@ def atomic_open(
     ``with`` block ends without an error.
 
     Text mode uses ``encoding`` (default UTF-8, whatever the locale says).
+
+    >>> import tempfile, pathlib
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "rows.txt"
+    >>> with atomic_open(out, "w") as f:
+    ...     _ = f.write("row 1\\n")
+    ...     out.exists()  # nothing at the target until the block ends
+    False
+    >>> out.read_text()
+    'row 1\\n'
     """
     if mode not in ("wb", "w"):
         raise ValueError(f"atomic_open writes a new file: mode must be 'wb' or 'w', not {mode!r}")
@@ -127,7 +136,19 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "
 def atomic_write_json(path: str | os.PathLike[str], value: Any, **dump_kwargs: Any) -> None:
     """Replace ``path`` with ``value`` as JSON atomically; ``dump_kwargs`` go to ``json.dumps``
     (``indent``, ``default``, ...). The text is built first, so a value that cannot be encoded
-    raises before anything touches the disk."""
+    raises before anything touches the disk.
+
+    >>> import tempfile, pathlib
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "stats.json"
+    >>> atomic_write_json(out, {"won": 3})
+    >>> out.read_text()
+    '{"won": 3}'
+    >>> atomic_write_json(out, {"won": object()})
+    Traceback (most recent call last):
+    TypeError: Object of type object is not JSON serializable
+    >>> out.read_text()  # the old file, whole
+    '{"won": 3}'
+    """
     atomic_write_text(path, json.dumps(value, **dump_kwargs))
 
 
@@ -137,6 +158,24 @@ def atomic_save_npy(path: str | os.PathLike[str], array: np.ndarray) -> None:
 
     with atomic_open(path, "wb") as f:
         np.save(f, array, allow_pickle=False)
+
+
+def _mkdir_mode(parent: Path) -> int:
+    """The permission bits ``os.mkdir`` gives a new folder in ``parent`` (0777 less the umask).
+
+    Read from a probe folder, not by swapping ``os.umask``: that would change the mask of every
+    thread of the process for an instant.
+    """
+    while True:
+        probe = parent / f".mode-probe-{secrets.token_hex(4)}.tmp"
+        try:
+            probe.mkdir()
+        except FileExistsError:  # a name already taken: draw another
+            continue
+        try:
+            return probe.stat().st_mode & 0o777
+        finally:
+            probe.rmdir()
 
 
 def replace_dir(
@@ -153,8 +192,21 @@ def replace_dir(
     one, so an existing ``dst`` is first renamed to ``aside`` (default: a hidden ``.NAME.old-*``
     beside it) and removed once ``src`` is in place: a kill between the renames leaves the old
     directory whole under ``aside``, for a caller that knows the name to recover.
+
+    ``dst`` gets the mode a plain ``mkdir`` would give it (0777 less the umask), whatever mode
+    ``src`` was made with: ``tempfile.mkdtemp`` makes 0700 folders, which would hide a shared
+    index or model from the rest of its group.
+
+    >>> import tempfile, pathlib
+    >>> root = pathlib.Path(tempfile.mkdtemp())
+    >>> staging = pathlib.Path(tempfile.mkdtemp(dir=root))  # written beside the target
+    >>> _ = (staging / "index.bin").write_bytes(b"v2")
+    >>> replace_dir(staging, root / "index")
+    >>> sorted(p.name for p in root.iterdir()), (root / "index" / "index.bin").read_bytes()
+    (['index'], b'v2')
     """
     src, dst = Path(src), Path(dst)
+    os.chmod(src, _mkdir_mode(src.parent))
     if not dst.exists():
         os.replace(src, dst)
         return

@@ -201,30 +201,14 @@ def agreement(ref: tuple[np.ndarray, np.ndarray], got: tuple[np.ndarray, np.ndar
 
 def lucene_exact_gap(lucene_index: BM25Index, ours: BM25Index, queries: list[str]) -> float:
     """Largest relative difference between our scores and Lucene's unrounded float scores."""
-    from jnius import autoclass, cast
+    from agentgym.retrieval.sparse import lucene_float_scores
 
-    directory = autoclass("org.apache.lucene.store.FSDirectory").open(
-        autoclass("java.io.File")(str(lucene_index.path / "lucene")).toPath()
-    )
-    reader = autoclass("org.apache.lucene.index.DirectoryReader").open(directory)
-    searcher = autoclass("org.apache.lucene.search.IndexSearcher")(
-        cast("org.apache.lucene.index.IndexReader", reader)
-    )
-    searcher.setSimilarity(
-        autoclass("org.apache.lucene.search.similarities.BM25Similarity")(0.9, 0.4)
-    )
-    analyzer = autoclass("io.anserini.analysis.DefaultEnglishAnalyzer").newDefaultInstance()
-    generator = autoclass("io.anserini.search.query.BagOfWordsQueryGenerator")()
-    stored = reader.storedFields()
     rows, scores = ours.search(queries, 10)
     worst = 0.0
-    for i, q in enumerate(queries):
-        top = searcher.search(generator.buildQuery("contents", analyzer, q), 10).scoreDocs
-        exact = {int(stored.document(d.doc).get("id")): d.score for d in top}
+    for i, exact in enumerate(lucene_float_scores(lucene_index, queries, 10)):
         for r, s in zip(rows[i].tolist(), scores[i].tolist(), strict=True):
             if r in exact:
                 worst = max(worst, abs(exact[r] - s) / exact[r])
-    reader.close()
     return worst
 
 

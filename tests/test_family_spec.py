@@ -23,9 +23,20 @@ import pytest
 
 import agentgym
 from agentgym import family as families
-from agentgym.algorithms.judges import RULE_JUDGES, Judge, ProgressJudge, build_judge, rule_judge
+from agentgym import testing
+from agentgym.algorithms.judges import (
+    CW_GRPO_TEMPLATES,
+    DEFAULT_JUDGE_TEMPLATE,
+    RULE_JUDGES,
+    Judge,
+    ProgressJudge,
+    build_judge,
+    llm_judge_templates,
+    rule_judge,
+)
 from agentgym.envs import ENTRIES, EnvEntry
 from agentgym.family import FamilySpec, JudgeSpec, family_spec
+from agentgym.testing import FamilyContractError, check_family
 from agentgym.wrappers.llm import FAMILY_TEMPLATES, PROMPT_TEMPLATES, make_llm_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,19 +52,27 @@ from agentgym.family import FamilySpec, JudgeSpec, PromptTemplate
 
 class CounterEnv(TextEnv):
     family = "counter"
+    reset_option_keys = frozenset({"task", "split"})  # what _reset_task reads
+    SPLITS = {"train": (5, 4, 3), "test": (6, 7)}  # targets; a seed draws one of its split
+    TASKS = {f"count-to-{t}": t for targets in SPLITS.values() for t in targets}
 
-    def __init__(self, target: int = 3, max_episode_steps: int | None = None, **kw):
+    def __init__(self, max_episode_steps: int | None = None, **kw):
         super().__init__(max_episode_steps=max_episode_steps, **kw)
-        self.target, self.count = target, 0
+        self.target, self.count = 3, 0
 
     def _info(self, valid: bool = True) -> dict:
         return {
-            "state_key": self.count, "task_id": f"count-to-{self.target}",
+            "state_key": (self.target, self.count), "task_id": f"count-to-{self.target}",
             "admissible_actions": ["inc", "wait"], "action_valid": valid,
             "won": self.count >= self.target, "score": self.count / self.target,
         }
 
     def _reset_task(self, options):
+        if "task" in options:  # a KeyError or ValueError here becomes a ResetOptionError
+            self.target = self.TASKS[options["task"]]
+        else:
+            targets = self.SPLITS[options.get("split", "train")]
+            self.target = targets[int(self.np_random.integers(len(targets)))]
         self.count = 0
         return f"count is 0 of {self.target}", self._info()
 
@@ -65,7 +84,17 @@ class CounterEnv(TextEnv):
         return f"count is {self.count} of {self.target}", float(won), won, self._info()
 
     def state_key(self):
-        return self.count
+        return (self.target, self.count)
+
+    # snapshot(): what a step changes, and what two envs must share to swap it
+    def _snapshot_identity(self):
+        return "counter-v0"
+
+    def _snapshot_state(self):
+        return (self.target, self.count)
+
+    def _restore_state(self, state):
+        self.target, self.count = state
 
 
 class HalfJudgeFactory:
@@ -91,6 +120,7 @@ FAMILY = FamilySpec(
     rule_judge=JudgeSpec("progress", {"key": "score"}),
     trainer_defaults={"lr": 0.25, "train_split": "train", "history_length": 0},
     data_env_var="COUNTER_DATA",
+    llm_judge=("Did {action} after {observation} count up? Answer yes or no.\\nAnswer:",),
 )
 '''
 
@@ -172,6 +202,78 @@ def test_a_toy_family_is_one_folder_and_one_line(toy_family):
 
     # the data variable
     assert family_spec("counter").data_env_var == "COUNTER_DATA"
+
+    # the LLM judge's prompts, and the scored policy (the toy lists its actions)
+    assert llm_judge_templates("counter") == toy_family.FAMILY.llm_judge
+    Config.for_env(TOY_ID, policy="scored").check_policy()  # it lists its actions
+
+
+def test_what_a_family_declares_steers_the_trainer(toy_family, monkeypatch):
+    # the trainer reads the spec, never a family's name: a free-text toy is refused by the
+    # scored policy, and an LLM judge prompts it as its spec says
+    from trainers.gigpo.config import Config, ConfigError
+
+    spec = dataclasses.replace(toy_family.FAMILY, lists_actions=False, llm_judge="search_rounds")
+    monkeypatch.setattr(toy_family, "FAMILY", spec)
+    families._SPECS.pop("counter", None)
+    with pytest.raises(ConfigError, match="'counter' family .ToyGym/Counter-v0. lists none"):
+        Config.for_env(TOY_ID, policy="scored").check_policy()
+    assert llm_judge_templates("counter") == CW_GRPO_TEMPLATES
+    monkeypatch.setattr(toy_family, "FAMILY", dataclasses.replace(spec, llm_judge="nope"))
+    families._SPECS.pop("counter", None)
+    with pytest.raises(ValueError, match="unknown prompt set 'nope'"):
+        llm_judge_templates("counter")
+    with pytest.raises(TypeError, match="llm_judge must be"):
+        FamilySpec(llm_judge=())
+
+
+def test_free_text_families_list_no_actions():
+    # FAMILY.lists_actions says what the envs do: listed actions on reset, or None throughout
+    seen = set()
+    for e in ENTRIES:
+        if not e.available() or e.real_data or e.family in seen:
+            continue
+        seen.add(e.family)  # one id per family
+        _, info = gym.make(e.id).reset(seed=0)
+        listed = family_spec(e.family).lists_actions
+        assert (info["admissible_actions"] is not None) == listed, e.id
+    assert llm_judge_templates("searchqa") == CW_GRPO_TEMPLATES
+    assert llm_judge_templates("webshop") == (DEFAULT_JUDGE_TEMPLATE,)
+
+
+def test_the_toy_family_passes_the_family_contract(toy_family):
+    check_family(TOY_ID)  # the one line a new family's test needs
+
+
+def test_a_plain_format_family_passes_the_prompt_checks(toy_family):
+    # "no tags at all" is a valid plain action (the env refuses it, but it parses): the check
+    # sends text that cannot parse in the family's own format
+    assert make_llm_env(TOY_ID).fmt == "plain"
+    testing.check_prompt(TOY_ID)
+    assert testing.unparseable_text("plain").strip() == ""
+
+
+def test_the_family_contract_names_the_rule_a_family_breaks(toy_family, monkeypatch):
+    env_class = toy_family.CounterEnv
+    reset_task = env_class._reset_task
+    # a family that ignores the task it is given
+    monkeypatch.setattr(env_class, "_reset_task", lambda self, o: reset_task(self, {}))
+    with pytest.raises(FamilyContractError, match="did not replay the task|were accepted"):
+        testing.check_reset_options(TOY_ID, foreign=False)
+    monkeypatch.setattr(env_class, "_reset_task", reset_task)
+    # a family whose unusable action still changes the state
+    step = env_class._step_action
+
+    def leaky_step(self, action):
+        obs, reward, terminated, info = step(self, action)
+        if not info["action_valid"]:
+            self.count += 1
+            info = self._info(valid=False)
+        return obs, reward, terminated, info
+
+    monkeypatch.setattr(env_class, "_step_action", leaky_step)
+    with pytest.raises(FamilyContractError, match="changed the state"):
+        testing.check_invalid_actions(TOY_ID)
 
 
 def test_unregistered_families_fall_back_to_generic_defaults():

@@ -7,7 +7,9 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -126,3 +128,16 @@ def test_replace_dir_moves_the_old_copy_to_the_name_given(tmp_path):
     replace_dir(src, dst, aside=aside)
     assert (dst / "f").read_text() == "new"
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+
+
+def test_replace_dir_publishes_with_the_mode_a_plain_mkdir_would_give(tmp_path):
+    old = os.umask(0o022)
+    try:
+        for dst in (tmp_path / "fresh", tmp_path / "fresh"):  # published, then replaced
+            src = Path(tempfile.mkdtemp(prefix=".staging-", dir=tmp_path))  # mode 0o700
+            (src / "f").write_text("x")
+            replace_dir(src, dst)
+            assert dst.stat().st_mode & 0o777 == 0o755
+    finally:
+        os.umask(old)
+    assert [p.name for p in tmp_path.iterdir()] == ["fresh"]  # no probe left behind

@@ -28,3 +28,26 @@ def test_readme_snippet_runs_as_a_script(index, tmp_path):
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, f"README snippet {index} failed:\n{SNIPPETS[index]}\n{out.stderr}"
+
+
+def test_the_layout_tree_matches_the_package():
+    # every module and package of agentgym/ is in the README's Layout tree, and every name the
+    # tree shows under agentgym/ exists
+    readme = (ROOT / "README.md").read_text()
+    tree = readme.split("## Layout", 1)[1].split("```")[1]
+    block = tree.split("\ntrainers/", 1)[0]
+    shown = set()
+    for line in block.splitlines():
+        if re.match(r"  \S", line):  # an entry (descriptions are indented further)
+            head = re.split(r"\s{2,}", line.strip())[0]  # "io.py, extras.py", "envs/<family>/"
+            shown |= {name.strip().split("/")[0] for name in head.split(",")}
+    present = {
+        p.name
+        for p in (ROOT / "agentgym").iterdir()
+        if (p.suffix == ".py" and p.name != "__init__.py")
+        or (p.is_dir() and (p / "__init__.py").exists())
+    }
+    assert present - shown == set(), f"missing from the README's Layout: {sorted(present - shown)}"
+    assert shown - present == set(), (
+        f"in the Layout but not in agentgym/: {sorted(shown - present)}"
+    )

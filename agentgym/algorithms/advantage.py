@@ -546,6 +546,24 @@ def compute_advantage(
         ValueError: unknown name, an option or input the estimator does not take (the message
             lists those it does), a missing input, a bad option value, arrays of different
             lengths, non-finite rewards, or a (trajectory, step) pair given twice.
+
+    One group of two trajectories: the first won in two steps, the second failed in one.
+    GRPO gives every row its trajectory's episode advantage; GiGPO adds the step advantage
+    among rows acting from the same state (both first steps left ``"start"``):
+
+    >>> rows = dict(group_ids=[0, 0, 0], traj_ids=[0, 0, 1], step_ids=[0, 1, 0],
+    ...             rewards=[0.0, 1.0, 0.0], invalid=[False, False, False], norm="mean_norm")
+    >>> compute_advantage("grpo", **rows).advantages
+    array([ 0.5,  0.5, -0.5], dtype=float32)
+    >>> result = compute_advantage("gigpo", state_keys=["start", "mid", "start"], gamma=1.0,
+    ...                            omega=1.0, **rows)
+    >>> result.episode_advantage, result.step_advantage
+    (array([ 0.5,  0.5, -0.5]), array([ 0.5,  0. , -0.5]))
+    >>> result.advantages, result.stats["num_step_groups"]
+    (array([ 1. ,  0.5, -1. ], dtype=float32), 2.0)
+    >>> compute_advantage("grpo", branch_ids=[0, 0, 0], **rows)
+    Traceback (most recent call last):
+    ValueError: advantage estimator 'grpo' does not read branch_ids; its per-row inputs beyond the common rows: none
     """
     estimator = advantage_estimator(name)
     inputs = {k: options_and_inputs.pop(k) for k in ROW_INPUTS[1:] if k in options_and_inputs}

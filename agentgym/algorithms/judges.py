@@ -37,11 +37,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from agentgym.answers import normalize_answer
-from agentgym.family import FamilySpec, FamilyTable, JudgeSpec
+from agentgym.family import FamilySpec, FamilyTable, JudgeSpec, family_spec
 
 __all__ = [
     "CW_GRPO_TEMPLATES",
     "DEFAULT_JUDGE_TEMPLATE",
+    "LLM_JUDGE_PROMPTS",
     "RULE_JUDGES",
     "JUDGE_KINDS",
     "Judge",
@@ -49,6 +50,7 @@ __all__ = [
     "ProgressJudge",
     "SearchQAJudge",
     "build_judge",
+    "llm_judge_templates",
     "row_contributions",
     "rule_judge",
 ]
@@ -255,6 +257,38 @@ CW_GRPO_TEMPLATES = (
 )
 """CW-GRPO's two verdicts per round, retrieval utility and reasoning correctness, whose product
 is the round's contribution (the paper's judge gives each 0 or 1; here each is P(yes))"""
+
+
+LLM_JUDGE_PROMPTS: dict[str, tuple[str, ...]] = {
+    "progress": (DEFAULT_JUDGE_TEMPLATE,),
+    "search_rounds": CW_GRPO_TEMPLATES,
+}
+"""the prompt sets a family's ``FAMILY.llm_judge`` may name (:func:`llm_judge_templates`)"""
+
+
+def llm_judge_templates(family: str | None) -> tuple[str, ...]:
+    """The templates an :class:`LLMJudge` scores the rounds of ``family`` with, as its package's
+    ``FAMILY.llm_judge`` says; ``"progress"`` (:data:`DEFAULT_JUDGE_TEMPLATE`) for a family that
+    declares none or is not registered.
+
+    >>> llm_judge_templates("searchqa") == CW_GRPO_TEMPLATES
+    True
+    >>> llm_judge_templates("sokoban") == (DEFAULT_JUDGE_TEMPLATE,)
+    True
+
+    Raises:
+        ValueError: the family names a prompt set that :data:`LLM_JUDGE_PROMPTS` lacks.
+    """
+    spec = family_spec(family) if family is not None else None
+    chosen = spec.llm_judge if spec is not None else "progress"
+    if not isinstance(chosen, str):
+        return chosen
+    if chosen not in LLM_JUDGE_PROMPTS:
+        raise ValueError(
+            f"the {family!r} family's FAMILY.llm_judge names an unknown prompt set {chosen!r}; "
+            f"use one of {sorted(LLM_JUDGE_PROMPTS)} or a tuple of templates"
+        )
+    return LLM_JUDGE_PROMPTS[chosen]
 
 
 class LLMJudge(Judge):

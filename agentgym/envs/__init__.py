@@ -25,6 +25,22 @@ from agentgym.extras import MissingExtra, install_hint
 
 @dataclass(frozen=True)
 class EnvEntry:
+    """One registered id: where its env class is, its family, the arguments of its variant and
+    its step cap. ``agentgym.register(entry)`` adds one (a new family's registration line):
+
+    >>> import agentgym, gymnasium as gym
+    >>> long = EnvEntry("Mine/Corridor-6-v0", "agentgym.envs.corridor:CorridorEnv", "corridor",
+    ...                 kwargs={"length": 6}, max_episode_steps=20)
+    >>> agentgym.register(long)
+    >>> env = gym.make("Mine/Corridor-6-v0")
+    >>> env.reset(seed=0)[0].split(".")[0], env.spec.max_episode_steps
+    ('Room 1 of 6', 20)
+    >>> agentgym.register(long)
+    Traceback (most recent call last):
+    ValueError: Mine/Corridor-6-v0 is already registered; give the new entry another id
+    >>> ENTRIES.remove(long); del gym.registry["Mine/Corridor-6-v0"]  # (undone for the tests)
+    """
+
     id: str
     """gymnasium id, ``AgentGym/<Name>-v<N>``"""
     entry_point: str
@@ -203,7 +219,12 @@ ENTRIES: list[EnvEntry] = [
 
 
 def entry(env_id: str) -> EnvEntry:
-    """The registry entry of ``env_id``; raises a KeyError listing the known ids otherwise."""
+    """The registry entry of ``env_id``; raises a KeyError listing the known ids otherwise.
+
+    >>> e = entry("AgentGym/Corridor-v0")
+    >>> e.family, e.entry_point, e.max_episode_steps, e.available()
+    ('corridor', 'agentgym.envs.corridor:CorridorEnv', 12, True)
+    """
     for e in ENTRIES:
         if e.id == env_id:
             return e

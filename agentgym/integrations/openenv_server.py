@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import ipaddress
 import json
 import logging
 import sys
@@ -44,6 +43,7 @@ from pydantic import ValidationError
 
 from agentgym.core import ResetOptionError
 from agentgym.extras import missing_extra
+from agentgym.net import is_loopback
 
 try:
     from openenv.core.env_server.http_server import HTTPEnvServer
@@ -365,16 +365,6 @@ def bind_warning(host: str, port: int) -> str | None:
         "can reach this port can open sessions and play the env; bind 127.0.0.1 (the default) "
         "or put it behind an authenticating proxy or firewall"
     )
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding ``host`` keeps the server reachable from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve to anything
-        return False
 
 
 def create_app(

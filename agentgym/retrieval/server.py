@@ -87,7 +87,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import json
 import logging
 import math
@@ -104,6 +103,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from agentgym.net import is_loopback as _is_loopback
 from agentgym.retrieval.base import Hit, Retriever
 
 __all__ = [
@@ -954,15 +954,6 @@ def _request_deadline_protocol(timeout_s: float) -> type[asyncio.Protocol]:
                 self.transport.close()
 
     return RequestDeadlineProtocol
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve to anything
-        return False
 
 
 def _warn_if_exposed(host: str) -> None:

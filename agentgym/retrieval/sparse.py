@@ -54,6 +54,7 @@ __all__ = [
     "LUCENE_ENGLISH_STOP_WORDS",
     "BM25Index",
     "BM25Retriever",
+    "lucene_float_scores",
     "lucene_tokenize",
     "porter_stem",
 ]
@@ -949,6 +950,53 @@ def _lucene_open(index: BM25Index, path: Path) -> None:
     searcher = _anserini("io.anserini.search.SimpleSearcher")(str(path / LUCENE_SUBDIR))
     searcher.set_bm25(float(index.k1), float(index.b))
     index._lucene, index.path = searcher, path
+
+
+def lucene_float_scores(
+    index: BM25Index, queries: Sequence[str], k: int = 10
+) -> list[dict[int, float]]:
+    """Lucene's own BM25 float scores of each query's top ``k``, before Anserini rounds them.
+
+    For checking that another backend computes Lucene's arithmetic (not only its ranking):
+    ``SimpleSearcher`` rounds scores to 1e-4, so this searches the index's Lucene folder with a
+    plain ``IndexSearcher``, ``BM25Similarity(index.k1, index.b)``, Anserini's English analyzer
+    and its bag-of-words query, as ``SimpleSearcher`` does.
+
+    Args:
+        index: an index built or loaded with ``backend="pyserini"``.
+        queries: (Q,) query texts.
+        k: hits per query.
+
+    Returns:
+        (Q,) dicts ``{row: score}`` of each query's hits (fewer than ``k`` where fewer match).
+    """
+    if index.backend != "pyserini" or index.path is None:
+        raise ValueError(
+            "lucene_float_scores reads a Lucene index: build it with backend='pyserini'"
+        )
+    directory = _anserini("org.apache.lucene.store.FSDirectory").open(
+        _anserini("java.io.File")(str(index.path / LUCENE_SUBDIR)).toPath()
+    )
+    from jnius import cast
+
+    reader = _anserini("org.apache.lucene.index.DirectoryReader").open(directory)
+    try:
+        searcher = _anserini("org.apache.lucene.search.IndexSearcher")(
+            cast("org.apache.lucene.index.IndexReader", reader)
+        )
+        similarity = _anserini("org.apache.lucene.search.similarities.BM25Similarity")
+        searcher.setSimilarity(similarity(float(index.k1), float(index.b)))
+        analyzer = _anserini("io.anserini.analysis.DefaultEnglishAnalyzer").newDefaultInstance()
+        generator = _anserini("io.anserini.search.query.BagOfWordsQueryGenerator")()
+        stored = reader.storedFields()
+        out = []
+        for query in queries:
+            built = generator.buildQuery("contents", analyzer, _java_safe(str(query)))
+            top = searcher.search(built, k).scoreDocs
+            out.append({int(stored.document(d.doc).get("id")): float(d.score) for d in top})
+        return out
+    finally:
+        reader.close()
 
 
 def _lucene_search(

@@ -12,7 +12,12 @@ __all__ = ["Step", "Trajectory"]
 
 @dataclass
 class Step:
-    """One step of one trajectory."""
+    """One step of one trajectory.
+
+    >>> step = Step("Room 1 of 4.", "red", 0.0, ("c", 0), True, {"won": False})
+    >>> step.state_key, step.action_valid
+    (('c', 0), True)
+    """
 
     observation: str
     """the observation the action was chosen from (after wrappers: e.g. the rendered prompt)"""
@@ -41,6 +46,13 @@ class Trajectory:
     ``(group_id, traj_id)`` is ``branch_of``) when it was stepped on as one of them; they differ
     from ``steps[branch_step]`` on. Following ``branch_of`` links from the leaves gives the
     tree of a tree-shaped rollout.
+
+    >>> t = Trajectory(group_id=0, traj_id=1, task_id="corridor-train-1")
+    >>> t.steps.append(Step("Room 1 of 2.", "red", 0.0, 0, True, {}))
+    >>> t.steps.append(Step("Room 2 of 2.", "blue", 1.0, 1, True, {"won": True}))
+    >>> t.terminated = t.won = True
+    >>> t.total_return, t.done, len(t.steps)
+    (1.0, True, 2)
     """
 
     group_id: int

@@ -110,6 +110,21 @@ class GroupVectorEnv(gym.vector.VectorEnv):
     did not step has no entry in the infos (its ``_key`` masks are False): so episode statistics
     count each episode once. Text-agent infos hold strings, lists and state keys: in the
     gymnasium layout those are object arrays (``infos["state_key"][i]``).
+
+    Two tasks, two trajectories each; the envs of a group start from the same state:
+
+    >>> venv = GroupVectorEnv("AgentGym/Corridor-v0", num_groups=2, group_size=2)
+    >>> obs, infos = venv.reset(seed=0)
+    >>> venv.num_envs, venv.group_ids.tolist()
+    (4, [0, 0, 1, 1])
+    >>> infos[0]["state_key"] == infos[1]["state_key"], infos[0]["task_id"] == infos[2]["task_id"]
+    (True, False)
+    >>> obs, rewards, terminated, truncated, infos = venv.step(["red", "blue", "red", "red"])
+    >>> rewards.shape, terminated.dtype, venv.active.tolist()
+    ((4,), dtype('bool'), [True, True, True, True])
+    >>> [len(t.steps) for t in venv.trajectories()], venv.trajectories()[0].steps[0].action
+    ([1, 1, 1, 1], 'red')
+    >>> venv.close()
     """
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.DISABLED}

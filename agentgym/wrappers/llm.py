@@ -67,6 +67,7 @@ from agentgym.family import (
 )
 
 __all__ = [
+    "DEFAULT_TASK_KEYS",
     "ActionFormat",
     "FORMATS",
     "FORMAT_INSTRUCTIONS",
@@ -343,6 +344,9 @@ FORMAT_INSTRUCTIONS: dict[str, str] = {
 
 
 #: What a family without a prompt of its own is rendered with.
+#: the info keys a prompt's task is read from when neither the caller nor the template names any
+DEFAULT_TASK_KEYS: tuple[str, ...] = ("goal", "question", "instruction")
+
 GENERIC_TEMPLATE = PromptTemplate(
     first=(
         "You are an expert agent operating in a text-based environment.\n"
@@ -589,7 +593,8 @@ class PromptRenderer(gym.Wrapper):
     stays inside ``observation_space`` whatever the model writes.
 
     The task is read from the reset info under ``task_key`` (a key or a sequence of keys tried in
-    order; default ``("goal", "question", "instruction")``), and refreshed if a step's info
+    order, ``"a.b"`` for ``info["a"]["b"]``; default: the template's ``task_key``, else the env
+    family's template's, else :data:`DEFAULT_TASK_KEYS`), and refreshed if a step's info
     carries it. Admissible actions come from ``info["admissible_actions"]``. The raw observation
     stays available as ``info["raw_observation"]``.
     """
@@ -599,7 +604,7 @@ class PromptRenderer(gym.Wrapper):
         env: gym.Env,
         history_length: int = 2,
         template: str | PromptTemplate | None = None,
-        task_key: str | Sequence[str] = ("goal", "question", "instruction"),
+        task_key: str | Sequence[str] | None = None,
         *,
         fmt: ActionFormat | None = None,
     ):
@@ -608,6 +613,9 @@ class PromptRenderer(gym.Wrapper):
             raise ValueError(f"history_length must be >= 0, got {history_length}")
         self.template = _template(template)
         self.history_length = history_length
+        if task_key is None:  # where the family's info keeps the task, whatever the template
+            family = template_for_family(getattr(env.unwrapped, "family", None))
+            task_key = self.template.task_key or family.task_key or DEFAULT_TASK_KEYS
         self.task_keys = (task_key,) if isinstance(task_key, str) else tuple(task_key)
         # The instruction must ask for what the parser accepts: take the parser's format if one
         # sits below us, else the caller's, else the template's.
@@ -661,8 +669,11 @@ class PromptRenderer(gym.Wrapper):
 
     def _render(self, obs: str, info: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         for key in self.task_keys:
-            if info.get(key):
-                self._task = str(info[key])
+            value: Any = info
+            for part in key.split("."):  # "goal.instruction_text": a field of a structured goal
+                value = value.get(part) if isinstance(value, dict) else None
+            if value:
+                self._task = str(value)
                 break
         self._obs = obs
         prompt = render_prompt(
@@ -696,7 +707,7 @@ def make_llm_env(
     template: str | PromptTemplate | None = None,
     *,
     check_admissible: bool = False,
-    task_key: str | Sequence[str] = ("goal", "question", "instruction"),
+    task_key: str | Sequence[str] | None = None,
     env_kwargs: dict[str, Any] | None = None,
     **parse_options: Any,
 ) -> PromptRenderer:

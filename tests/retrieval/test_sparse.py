@@ -364,32 +364,16 @@ def test_pyserini_and_bm25s_agree_on_top10(generated):
 def test_lucene_float_scores_equal_bm25s(generated):
     """Beneath Anserini's rounding, Lucene's own float scores equal bm25s's to float32 precision:
     the one-byte length norms are reproduced, not approximated."""
-    from jnius import autoclass, cast
+    from agentgym.retrieval.sparse import lucene_float_scores
 
     passages, queries, lucene, bm25s_index = generated
-    directory = autoclass("org.apache.lucene.store.FSDirectory").open(
-        autoclass("java.io.File")(str(lucene.path / "lucene")).toPath()
-    )
-    reader = autoclass("org.apache.lucene.index.DirectoryReader").open(directory)
-    searcher = autoclass("org.apache.lucene.search.IndexSearcher")(
-        cast("org.apache.lucene.index.IndexReader", reader)
-    )
-    searcher.setSimilarity(
-        autoclass("org.apache.lucene.search.similarities.BM25Similarity")(0.9, 0.4)
-    )
-    analyzer = autoclass("io.anserini.analysis.DefaultEnglishAnalyzer").newDefaultInstance()
-    generator = autoclass("io.anserini.search.query.BagOfWordsQueryGenerator")()
-    stored = reader.storedFields()
     rows_b, scores_b = bm25s_index.search(queries[:100], 10)
     worst = 0.0
-    for i, query in enumerate(queries[:100]):
-        top = searcher.search(generator.buildQuery("contents", analyzer, query), 10).scoreDocs
-        exact = {int(stored.document(d.doc).get("id")): d.score for d in top}
+    for i, exact in enumerate(lucene_float_scores(lucene, queries[:100], 10)):
         for row, score in zip(rows_b[i], scores_b[i], strict=True):
             if row in exact:
                 worst = max(worst, abs(exact[row] - float(score)) / exact[row])
         assert len(exact) == int((rows_b[i] >= 0).sum())
-    reader.close()
     assert worst < 1e-6
 
 

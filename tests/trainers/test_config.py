@@ -179,3 +179,29 @@ def test_config_and_checkpoint_do_not_import_each_other():
 
     assert trainer_imports("checkpoint") == set()
     assert "trainers.gigpo.checkpoint" in trainer_imports("config")
+
+
+def test_validate_runs_each_named_check_in_order(tmp_path):
+    from agentgym.algorithms import register_advantage, unregister_advantage
+    from trainers.gigpo.config import VALIDATION_CHECKS
+
+    assert all(callable(getattr(Config, name)) for name in VALIDATION_CHECKS)
+    assert VALIDATION_CHECKS[-1] == "check_env_data"  # the one that may read data: last
+    bad = Config.for_env("AgentGym/Corridor-v0", num_groups=0, norm="nope")
+    with pytest.raises(ConfigError, match="norm 'nope' is not known"):
+        bad.validate()  # choices come before ranges
+    with pytest.raises(ConfigError, match="num_groups must be at least 1"):
+        bad.check_ranges()
+    Config.for_env("AgentGym/Corridor-v0", num_groups=0).check_choices()
+
+    # the estimator's declared inputs decide, not its name: a new judged estimator is refused
+    # for several envs exactly as cw_grpo is
+    register_advantage("judged_test", inputs=("contributions",))(lambda batch, config: None)
+    try:
+        several = Config.for_env(
+            "AgentGym/Corridor-v0", extra_envs=["AgentGym/Sokoban-v0"], advantage="judged_test"
+        )
+        with pytest.raises(ConfigError, match="reads no judge"):
+            several.check_envs()
+    finally:
+        unregister_advantage("judged_test")

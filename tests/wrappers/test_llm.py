@@ -570,3 +570,19 @@ def test_stack_inside_group_vector_env():
     assert [s.action_valid for s in steps] == [True, False, True, False]
     assert all(s.observation.startswith("You are an expert agent") for s in steps)
     venv.close()
+
+
+def test_a_structured_goal_reaches_the_prompt_as_its_instruction_only():
+    # WebShop's info["goal"] holds the target product (asin, name, price): the prompt's task is
+    # the field the family names (FAMILY.prompt.task_key), never the whole goal
+    env = make_llm_env("AgentGym/WebShop-Synthetic-v0")
+    prompt, info = env.reset(seed=0)
+    goal = env.unwrapped._last_info["goal"]
+    assert f"Your task is to: {goal['instruction_text']}\n" in prompt
+    assert goal["asin"] not in prompt and goal["name"] not in prompt
+    # another template (the trainer's compact ones) still reads the family's field
+    other = make_llm_env("AgentGym/WebShop-Synthetic-v0", template="generic").reset(seed=0)[0]
+    assert goal["instruction_text"] in other and goal["asin"] not in other
+    # a caller's task_key still wins; dotted keys walk into dicts
+    env = make_llm_env("AgentGym/WebShop-Synthetic-v0", task_key="goal.query")
+    assert f"Your task is to: {goal['query']}\n" in env.reset(seed=0)[0]

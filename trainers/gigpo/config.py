@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -310,60 +311,54 @@ class Config:
         run: unknown names, sizes below 1, a missing model or checkpoint, a used ``out_dir``.
 
         Cheap: nothing is loaded (a hub model name not in the local cache costs one request to
-        the hub, unless ``HF_HUB_OFFLINE`` is set). ``cli``: name fields as ``--flags``.
+        the hub, unless ``HF_HUB_OFFLINE`` is set). ``cli``: name fields as ``--flags``. The
+        checks run in :data:`VALIDATION_CHECKS` order, cheapest first; the env's data is read
+        last, so a config error is never hidden behind a slow data check.
         """
-        from agentgym.algorithms import NORMS, advantage_estimator, available_advantages
+        for name in VALIDATION_CHECKS:
+            getattr(self, name)(cli)
 
-        def flag(name: str) -> str:
-            return "--" + name.replace("_", "-") if cli else name
+    @staticmethod
+    def _flag(name: str, cli: bool) -> str:
+        return "--" + name.replace("_", "-") if cli else name
 
-        def choose(name: str, choices: tuple[str, ...] | list[str]) -> None:
-            value = getattr(self, name)
-            if value not in choices:
-                raise ConfigError(
-                    f"{flag(name)} {value!r} is not known; choose one of: {', '.join(choices)}"
-                )
+    def _choose(self, name: str, choices: tuple[str, ...] | list[str], cli: bool) -> None:
+        value = getattr(self, name)
+        if value not in choices:
+            raise ConfigError(
+                f"{self._flag(name, cli)} {value!r} is not known; choose one of: "
+                f"{', '.join(choices)}"
+            )
 
-        choose("advantage", available_advantages())
-        choose("norm", NORMS)
-        choose("dtype", DTYPES)
-        choose("generation_backend", GENERATION_BACKENDS)
-        choose("hf_generation", HF_GENERATION)
-        choose("update_batching", UPDATE_BATCHING)
-        choose("policy", POLICIES)
-        envs = [self.env, *self.extra_envs]
-        if len(set(envs)) != len(envs):
-            raise ConfigError(f"{flag('env')} names an env twice: {', '.join(envs)}")
-        if self.env_weights is not None:
-            if len(self.env_weights) != len(envs) or not all(w > 0 for w in self.env_weights):
-                raise ConfigError(
-                    f"{flag('env_weights') if not cli else '--env-weight'} takes one positive "
-                    f"weight per env ({len(envs)}: {', '.join(envs)}), got {self.env_weights}"
-                )
-        if self.extra_envs:
-            for env_id in self.extra_envs:
-                check_env_id(env_id)
-            if self.num_groups < len(envs):
-                raise ConfigError(f"{flag('num_groups')} {self.num_groups} is below the number "
-                                  f"of envs ({len(envs)}): every env needs a group")  # fmt: skip
-            if self.rollout != "flat" or self.advantage == "cw_grpo":
-                raise ConfigError(
-                    f"several envs in one run train with {flag('rollout')} flat and an "
-                    f"estimator without a judge (not cw_grpo); got {self.rollout}, "
-                    f"{self.advantage}"
-                )
-        if self.policy == "scored":
-            from trainers.gigpo.scored import scored_problem
+    def check_choices(self, cli: bool = False) -> None:
+        """Every named choice is one the trainer knows (estimator, norm, backends, formats...)."""
+        from agentgym.algorithms import NORMS, available_advantages
+        from agentgym.wrappers.llm import FORMATS, PROMPT_TEMPLATES
 
-            for env_id in envs:
-                problem = scored_problem(env_id)
-                if problem:
-                    raise ConfigError(problem if cli else problem.replace("--policy", "policy"))
-            if self.generation_backend != "hf":
-                raise ConfigError(f"{flag('policy')} scored runs on {flag('generation_backend')} "
-                                  "hf only (it scores with the trained model itself)")  # fmt: skip
-            if self.rollout != "flat":
-                raise ConfigError(f"{flag('policy')} scored supports {flag('rollout')} flat only")
+        self._choose("advantage", available_advantages(), cli)
+        self._choose("norm", NORMS, cli)
+        self._choose("dtype", DTYPES, cli)
+        self._choose("generation_backend", GENERATION_BACKENDS, cli)
+        self._choose("hf_generation", HF_GENERATION, cli)
+        self._choose("update_batching", UPDATE_BATCHING, cli)
+        self._choose("policy", POLICIES, cli)
+        self._choose("env_backend", ENV_BACKENDS, cli)
+        self._choose("episode_stats_over", EPISODE_STATS, cli)
+        self._choose("rollout", ("flat", "tree", "stepwise"), cli)
+        if self.judge == "progress":  # the rule judge's name in earlier configs
+            self.judge = "rule"
+        self._choose("judge", ("rule", "llm"), cli)
+        if self.fmt is not None:
+            self._choose("fmt", FORMATS, cli)
+        if self.prompt_template is not None:
+            self._choose("prompt_template", ["actions", "compact", *sorted(PROMPT_TEMPLATES)], cli)
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"{self._flag('device', cli)} {self.device!r} is not known; "
+                              "choose one of: auto, cpu, cuda, cuda:N")  # fmt: skip
+
+    def check_ranges(self, cli: bool = False) -> None:
+        """Sizes, rates and temperatures lie in their ranges."""
+        flag = functools.partial(self._flag, cli=cli)
         if self.action_temperature < 0:
             raise ConfigError(
                 f"{flag('action_temperature')} must be at least 0, got {self.action_temperature}"
@@ -371,66 +366,6 @@ class Config:
         if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
             raise ConfigError(f"{flag('micro_batch_tokens')} must be at least 1 (or None: "
                               f"sized from the model), got {self.micro_batch_tokens}")  # fmt: skip
-        choose("env_backend", ENV_BACKENDS)
-        choose("episode_stats_over", EPISODE_STATS)
-        choose("rollout", ("flat", "tree", "stepwise"))
-        if self.judge == "progress":  # the rule judge's name in earlier configs
-            self.judge = "rule"
-        choose("judge", ("rule", "llm"))
-        if (self.advantage == "slate") != (self.rollout in ("tree", "stepwise")):
-            raise ConfigError(
-                f"{flag('advantage')} slate trains on sibling continuations, which only "
-                f"{flag('rollout')} tree or stepwise makes (and their rows suit only slate): use "
-                "both or neither"
-            )
-        if self.rollout == "stepwise" and self.group_size < 2:
-            raise ConfigError(
-                f"{flag('rollout')} stepwise draws {flag('group_size')} candidates per step: it "
-                f"needs at least 2, got {self.group_size}"
-            )
-        judged = "contributions" in advantage_estimator(self.advantage).inputs
-        if (judged or self.rollout == "stepwise") and self.judge == "rule":
-            from agentgym.algorithms.judges import RULE_JUDGES
-            from agentgym.envs import entry
-
-            try:
-                family = entry(self.env).family
-            except KeyError:  # an unknown id is reported where the env is made
-                family = None
-            if family is not None and family not in RULE_JUDGES:
-                raise ConfigError(
-                    f"{flag('judge')} rule: the {family!r} family reports no per-round ground "
-                    f"truth (rule judges: {', '.join(sorted(RULE_JUDGES))}); use "
-                    f"{flag('judge')} llm"
-                )
-        if not self.selection_temperature > 0:
-            raise ConfigError(
-                f"{flag('selection_temperature')} must be > 0, got {self.selection_temperature}"
-            )
-        if not self.contribution_gamma > 0:
-            raise ConfigError(
-                f"{flag('contribution_gamma')} must be > 0 (inf: proportional weights), got "
-                f"{self.contribution_gamma}"
-            )
-        if self.rollout == "tree" and (
-            self.continuations < 2
-            or self.branch_points < 1
-            or self.group_size % self.continuations**self.branch_points
-        ):
-            raise ConfigError(
-                f"{flag('group_size')} must be a multiple of {flag('continuations')} ** "
-                f"{flag('branch_points')} (continuations >= 2, branch_points >= 1); got "
-                f"{self.group_size}, {self.continuations}, {self.branch_points}"
-            )
-        from agentgym.wrappers.llm import FORMATS, PROMPT_TEMPLATES
-
-        if self.fmt is not None:
-            choose("fmt", FORMATS)
-        if self.prompt_template is not None:
-            choose("prompt_template", ["actions", "compact", *sorted(PROMPT_TEMPLATES)])
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
-            raise ConfigError(f"{flag('device')} {self.device!r} is not known; choose one of: "
-                              "auto, cpu, cuda, cuda:N")  # fmt: skip
         for name in ("num_groups", "group_size", "iterations", "max_new_tokens",
                      "max_prompt_tokens", "generation_batch_size", "ppo_epochs",
                      "mini_batch_size", "micro_batch_size", "tiny_layers", "tiny_hidden"):  # fmt: skip
@@ -446,20 +381,135 @@ class Config:
             raise ConfigError(f"{flag('top_p')} must be in (0, 1], got {self.top_p}")
         if self.lr <= 0 or self.clip_ratio <= 0:
             raise ConfigError(f"{flag('lr')} and {flag('clip_ratio')} must be positive")
+        if not self.selection_temperature > 0:
+            raise ConfigError(
+                f"{flag('selection_temperature')} must be > 0, got {self.selection_temperature}"
+            )
+        if not self.contribution_gamma > 0:
+            raise ConfigError(
+                f"{flag('contribution_gamma')} must be > 0 (inf: proportional weights), got "
+                f"{self.contribution_gamma}"
+            )
+
+    def check_envs(self, cli: bool = False) -> None:
+        """The envs of a run: each once, one positive weight each, every one with a group; several
+        envs train on flat rollouts with an estimator that reads no judge."""
+        from agentgym.algorithms import advantage_estimator
+
+        flag = functools.partial(self._flag, cli=cli)
+        envs = [self.env, *self.extra_envs]
+        if len(set(envs)) != len(envs):
+            raise ConfigError(f"{flag('env')} names an env twice: {', '.join(envs)}")
+        if self.env_weights is not None:
+            if len(self.env_weights) != len(envs) or not all(w > 0 for w in self.env_weights):
+                raise ConfigError(
+                    f"{flag('env_weights') if not cli else '--env-weight'} takes one positive "
+                    f"weight per env ({len(envs)}: {', '.join(envs)}), got {self.env_weights}"
+                )
+        if not self.extra_envs:
+            return
+        for env_id in self.extra_envs:
+            check_env_id(env_id)
+        if self.num_groups < len(envs):
+            raise ConfigError(f"{flag('num_groups')} {self.num_groups} is below the number "
+                              f"of envs ({len(envs)}): every env needs a group")  # fmt: skip
+        judged = "contributions" in advantage_estimator(self.advantage).inputs
+        if self.rollout != "flat" or judged:
+            raise ConfigError(
+                f"several envs in one run train with {flag('rollout')} flat and an "
+                f"estimator that reads no judge's contributions; got {self.rollout}, "
+                f"{self.advantage}"
+            )
+
+    def check_policy(self, cli: bool = False) -> None:
+        """``policy scored`` needs envs that list their actions, the hf backend, flat rollouts."""
+        if self.policy != "scored":
+            return
+        from trainers.gigpo.scored import scored_problem
+
+        flag = functools.partial(self._flag, cli=cli)
+        for env_id in [self.env, *self.extra_envs]:
+            problem = scored_problem(env_id)
+            if problem:
+                raise ConfigError(problem if cli else problem.replace("--policy", "policy"))
+        if self.generation_backend != "hf":
+            raise ConfigError(f"{flag('policy')} scored runs on {flag('generation_backend')} "
+                              "hf only (it scores with the trained model itself)")  # fmt: skip
+        if self.rollout != "flat":
+            raise ConfigError(f"{flag('policy')} scored supports {flag('rollout')} flat only")
+
+    def check_estimator(self, cli: bool = False) -> None:
+        """The rollout makes the rows the estimator declares it reads (``branch_ids``: sibling
+        continuations; ``contributions``: a judge that can score this env's rounds)."""
+        from agentgym.algorithms import advantage_estimator
+
+        flag = functools.partial(self._flag, cli=cli)
+        inputs = advantage_estimator(self.advantage).inputs
+        if ("branch_ids" in inputs) != (self.rollout in ("tree", "stepwise")):
+            raise ConfigError(
+                f"{flag('advantage')} {self.advantage} trains on sibling continuations, which "
+                f"only {flag('rollout')} tree or stepwise makes (and their rows suit only an "
+                "estimator that reads them, such as slate): use both or neither"
+                if "branch_ids" in inputs
+                else f"{flag('rollout')} {self.rollout} makes sibling continuations, which "
+                f"{flag('advantage')} {self.advantage} does not read (slate does): use both or "
+                "neither"
+            )
+        if self.rollout == "stepwise" and self.group_size < 2:
+            raise ConfigError(
+                f"{flag('rollout')} stepwise draws {flag('group_size')} candidates per step: it "
+                f"needs at least 2, got {self.group_size}"
+            )
+        if self.rollout == "tree" and (
+            self.continuations < 2
+            or self.branch_points < 1
+            or self.group_size % self.continuations**self.branch_points
+        ):
+            raise ConfigError(
+                f"{flag('group_size')} must be a multiple of {flag('continuations')} ** "
+                f"{flag('branch_points')} (continuations >= 2, branch_points >= 1); got "
+                f"{self.group_size}, {self.continuations}, {self.branch_points}"
+            )
+        judged = "contributions" in inputs
+        if (judged or self.rollout == "stepwise") and self.judge == "rule":
+            from agentgym.algorithms.judges import RULE_JUDGES
+            from agentgym.envs import entry
+
+            try:
+                family = entry(self.env).family
+            except KeyError:  # an unknown id is reported where the env is made
+                family = None
+            if family is not None and family not in RULE_JUDGES:
+                raise ConfigError(
+                    f"{flag('judge')} rule: the {family!r} family reports no per-round ground "
+                    f"truth (rule judges: {', '.join(sorted(RULE_JUDGES))}); use "
+                    f"{flag('judge')} llm"
+                )
+
+    def check_model(self, cli: bool = False) -> None:
+        """The model exists (a path, the local cache or ``tiny``) and suits the backend."""
+        flag = functools.partial(self._flag, cli=cli)
         if self.generation_backend == "vllm" and self.model == "tiny":
             raise ConfigError(f"{flag('generation_backend')} vllm needs a real model "
                               f"({flag('model')} PATH or hub name), not 'tiny'")  # fmt: skip
         problem = model_problem(self.model)
         if problem:
             raise ConfigError(f"{flag('model')} {self.model}: {problem}")
+
+    def check_output(self, cli: bool = False) -> None:
+        """The checkpoint to resume exists, and the run folder is free (or may be reused)."""
         resume = None
         if self.resume is not None:
             resume = resolve_resume(self.resume)  # CheckpointError says what to pass instead
         problem = out_dir_problem(self.run_dir(), resume, self.overwrite)
         if problem:
             raise ConfigError(problem)
-        # Last (it may read the env's data): a family whose data or packages are missing is a
-        # one-line error now, not a traceback after the model has loaded.
+
+    def check_env_data(self, cli: bool = False) -> None:
+        """Each env can be built: its packages and data are here (it may read the data)."""
+        # A family whose data or packages are missing is a one-line error now, not a traceback
+        # after the model has loaded.
+        flag = functools.partial(self._flag, cli=cli)
         problem = env_problem(self.env, self.env_kwargs, (self.train_split, self.eval_split))
         if problem:
             raise ConfigError(f"{flag('env')} {self.env}: {problem}")
@@ -467,6 +517,19 @@ class Config:
             problem = env_problem(env_id, {}, ())
             if problem:
                 raise ConfigError(f"{flag('env')} {env_id}: {problem}")
+
+
+#: The named checks of :meth:`Config.validate`, in the order it runs them.
+VALIDATION_CHECKS: tuple[str, ...] = (
+    "check_choices",
+    "check_ranges",
+    "check_envs",
+    "check_policy",
+    "check_estimator",
+    "check_model",
+    "check_output",
+    "check_env_data",
+)
 
 
 def check_env_id(env: str) -> None:

@@ -42,19 +42,19 @@ ACTIONS_TEMPLATE = PromptTemplate(
     default_admissible=None,
 )
 
-#: Families whose envs give no ``info["admissible_actions"]`` (actions are free text).
-FAMILIES_WITHOUT_ACTIONS = frozenset({"searchqa", "search"})
-
 
 def scored_problem(env_id: str) -> str | None:
-    """Why ``--policy scored`` cannot run on ``env_id`` (one line), or None."""
+    """Why ``--policy scored`` cannot run on ``env_id`` (one line), or None: its family's
+    ``FAMILY.lists_actions`` is False (actions are free text)."""
     from agentgym.envs import entry
+    from agentgym.family import family_spec
 
     try:
         family = entry(env_id).family
     except KeyError:  # an unknown id is reported where the env is made
         return None
-    if family in FAMILIES_WITHOUT_ACTIONS:
+    spec = family_spec(family)
+    if spec is not None and not spec.lists_actions:
         return (
             f"--policy scored chooses among the env's admissible actions, and the {family!r} "
             f"family ({env_id}) lists none; use --policy free"

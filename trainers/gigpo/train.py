@@ -390,12 +390,7 @@ def make_run_envs(config: Config, num_groups: int, group_size: int, *, evaluatio
 def make_judge(config: Config, model: Any = None, tokenizer: Any = None) -> Any:
     """The per-round judge of ``--judge``: the env family's rule judge, or an LLM judge (the
     policy model itself with ``--judge-model policy``, else the causal LM named there)."""
-    from agentgym.algorithms.judges import (
-        CW_GRPO_TEMPLATES,
-        DEFAULT_JUDGE_TEMPLATE,
-        LLMJudge,
-        rule_judge,
-    )
+    from agentgym.algorithms.judges import LLMJudge, llm_judge_templates, rule_judge
     from agentgym.envs import entry
 
     family = entry(config.env).family
@@ -410,9 +405,8 @@ def make_judge(config: Config, model: Any = None, tokenizer: Any = None) -> Any:
         device = next(model.parameters()).device if model is not None else "cpu"
         tokenizer = AutoTokenizer.from_pretrained(config.judge_model)
         model = AutoModelForCausalLM.from_pretrained(config.judge_model).to(device).eval()
-    # Search rounds are judged as CW-GRPO's paper does: retrieval utility x reasoning soundness.
-    template = CW_GRPO_TEMPLATES if family == "searchqa" else DEFAULT_JUDGE_TEMPLATE
-    return LLMJudge(model, tokenizer, template=template)
+    # The family says how its rounds are judged (search rounds: CW-GRPO's two verdicts).
+    return LLMJudge(model, tokenizer, template=llm_judge_templates(family))
 
 
 def _contributions(batch: RolloutBatch, judge: Any) -> np.ndarray:

@@ -71,4 +71,6 @@ FAMILY = FamilySpec(
     rule_judge=JudgeSpec("searchqa"),
     trainer_defaults={"max_new_tokens": 500, "train_split": "train", "eval_split": "test"},
     data_env_var=DATA_ENV,
+    lists_actions=False,  # queries and answers are free text
+    llm_judge="search_rounds",  # judged as CW-GRPO judges search rounds
 )

@@ -51,6 +51,7 @@ FAMILY = FamilySpec(
         task_prefix="Your task is to: ",
         admissible_line="Your admissible actions of the current situation are: [\n{actions}\n].\n",
         admissible_style="quoted_commas",
+        task_key=("goal.instruction_text",),  # the goal also holds the target product
     ),
     trainer_defaults={"train_split": "train", "eval_split": "test"},
     data_env_var="WEBSHOP_DATA",
