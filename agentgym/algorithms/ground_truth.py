@@ -336,14 +336,16 @@ def score_advantages(estimate: Any, exact: Any, *, atol: float = 1e-9) -> dict[s
     Returns:
         ``spearman``: rank correlation (average ranks for ties; NaN if either side is
         constant); ``sign_agreement``: share of rows with a nonzero exact advantage whose
-        estimate has the same sign (an estimate of 0 disagrees); ``scale``: the factor ``c``
-        that brings the estimates to the exact advantages' units (estimators normalise
-        differently), fitted once over all rows as the minimiser of ``mean |c est - A|`` (the
-        weighted median of ``A / est`` with weights ``|est|``; an estimate that is all 0 gets
-        ``c = 0``), so ``mae_scaled = min_c mean |c est - A|`` compares shapes, not units, and
-        never exceeds ``mean_abs_exact`` (``c = 0``); ``mae_raw``: ``mean |est - A|``
-        (meaningful for estimators in reward units); ``mean_abs_exact``: ``mean |A|``, the
-        error of predicting 0; ``rows``.
+        estimate has the same sign (an estimate of 0 disagrees); ``mae_raw``:
+        ``mean |est - A|``, the estimates as the estimator scales them (its own normalisation;
+        comparable to A's reward units under ``mean_norm``); ``scale``: ``c = mean |A| /
+        mean |est|`` (0 for an estimate that is all 0), the factor that gives the estimates the
+        exact advantages' mean magnitude, since estimators scale differently (GRPO's episode
+        advantage is in undiscounted-return units, GiGPO adds a step term, ``mean_std_norm``
+        has none); ``mae_scaled``: ``mean |c est - A|``, the error in shape once magnitudes
+        agree (0 when ``est`` is a positive multiple of ``A``; ``mean |A|`` for an estimate of
+        all 0; about ``1.4 mean |A|`` for Gaussian noise independent of A);
+        ``mean_abs_exact``: ``mean |A|``, the error of predicting 0; ``rows``.
     """
     est = np.asarray(estimate, dtype=np.float64)
     a = np.asarray(exact, dtype=np.float64)
@@ -359,7 +361,8 @@ def score_advantages(estimate: Any, exact: Any, *, atol: float = 1e-9) -> dict[s
     sign_agree = (
         float(np.mean(np.sign(est[signed]) == np.sign(a[signed]))) if signed.any() else math.nan
     )
-    scale = _l1_scale(est, a)
+    mean_est = float(np.mean(np.abs(est)))
+    scale = float(np.mean(np.abs(a))) / mean_est if mean_est > 0 else 0.0
     return {
         "spearman": _spearman(est, a),
         "sign_agreement": sign_agree,
@@ -393,18 +396,6 @@ def _checked(dist: Mapping[str, float], state: PolicyState) -> dict[str, float]:
             f"the policy must give probabilities summing to 1 at {state.state_key!r}; got {dist}"
         )
     return out
-
-
-def _l1_scale(est: np.ndarray, a: np.ndarray) -> float:
-    """argmin_c sum |c est_i - A_i| = sum |est_i| |c - A_i / est_i| (+ rows with est_i = 0,
-    constant in c): the median of A_i / est_i weighted by |est_i|."""
-    nz = est != 0.0
-    if not nz.any():
-        return 0.0
-    ratio, weight = a[nz] / est[nz], np.abs(est[nz])
-    order = np.argsort(ratio, kind="mergesort")
-    cum = np.cumsum(weight[order])
-    return float(ratio[order][np.searchsorted(cum, 0.5 * cum[-1])])
 
 
 def _ranks(x: np.ndarray) -> np.ndarray:
