@@ -282,8 +282,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     cell = scores[line][str(k)]
                     cell["spearman"].append(s["spearman"])
                     cell["sign_agreement"].append(s["sign_agreement"])
-                    cell["mae_ratio"].append(s["mae_scaled"] / s["mean_abs_exact"])
-                    cell["mae_raw_ratio"].append(s["mae_raw"] / s["mean_abs_exact"])
+                    # NaN where every scored row has A = 0 (e.g. SLATE branching in dead ends)
+                    base = s["mean_abs_exact"] if s["mean_abs_exact"] > 0 else math.nan
+                    cell["mae_ratio"].append(s["mae_scaled"] / base)
+                    cell["mae_raw_ratio"].append(s["mae_raw"] / base)
                     cell["rows"].append(s["rows"])
         summary = {
             line: {
@@ -395,12 +397,16 @@ def table(data: dict[str, Any]) -> str:
 
 
 def report(path: Path = OUT) -> None:
+    """The plot beside the JSON; the README's table when the JSON is the published one (any
+    other ``--out`` prints the table instead)."""
     data = json.loads(path.read_text())
     png = path.with_suffix(".png")
     plot(data, png)
     print(f"wrote {png}")
     text = README.read_text()
-    if BEGIN in text and END in text:
+    if path.resolve() != OUT.resolve():
+        print(table(data))
+    elif BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
         text = head + table(data) + rest.split(END, 1)[1]
         README.write_text(text)

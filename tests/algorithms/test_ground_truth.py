@@ -158,3 +158,38 @@ def test_scores():
     zero = score_advantages(np.zeros(4), exact)
     assert zero["scale"] == 0.0 and zero["mae_scaled"] == pytest.approx(zero["mean_abs_exact"])
     assert math.isnan(score_advantages(np.ones(4), exact)["spearman"])
+
+
+def test_benchmark_scores_every_estimator(tmp_path):
+    """The ground-truth benchmark runs as a user would (a tiny budget) and scores every
+    registered estimator at every group size, with scores in their ranges."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from agentgym.algorithms import available_advantages
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "gt.json"
+    args = ["--episodes", "32", "--repeats", "1", "--tasks", "1", "--out", str(out)]
+    script = root / "benchmarks" / "bench_credit_ground_truth.py"
+    # this checkout's package, whichever one is installed
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    subprocess.run([sys.executable, str(script), *args], check=True, cwd=root, env=env)
+    data = json.loads(out.read_text())
+    assert (tmp_path / "gt.png").is_file()
+    assert set(data["setups"]) == {"corridor/uniform", "corridor/model", "sokoban/uniform",
+                                   "sokoban/model"}  # fmt: skip
+    for setup in data["setups"].values():
+        assert set(available_advantages()) <= set(setup["estimators"])
+        for by_k in setup["estimators"].values():
+            assert set(by_k) == {"2", "4", "8", "16"}
+            for cell in by_k.values():
+                assert cell["rows"] > 0
+                assert math.isnan(cell["spearman"]) or -1.0 <= cell["spearman"] <= 1.0
+                assert math.isnan(cell["sign_agreement"]) or 0.0 <= cell["sign_agreement"] <= 1.0
