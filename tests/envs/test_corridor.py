@@ -10,7 +10,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import agentgym  # noqa: F401 - registers the ids
-from agentgym.core import InvalidAction
+from agentgym.core import InvalidAction, SnapshotMismatch
 from agentgym.envs.corridor import CorridorEnv
 
 
@@ -222,3 +222,9 @@ def test_disjoint_splits_texts_and_layouts():
                 break
     with pytest.raises(ValueError, match="needs hint=True"):
         CorridorEnv(hint=False, disjoint_splits=True)
+    made = gym.make("AgentGym/Corridor-v0", num_doors=4, list_doors=False, disjoint_splits=True)
+    check_env(made.unwrapped)
+    # the option changes the task, so it is part of the snapshot identity
+    env.reset(seed=0)
+    with pytest.raises(SnapshotMismatch):
+        CorridorEnv(length=3, num_doors=4, list_doors=False).restore(env.snapshot())
