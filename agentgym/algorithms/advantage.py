@@ -530,8 +530,8 @@ def compute_advantage(
               (``"mean_norm"`` or ``"mean_std_norm"``, at every level), ``invalid_penalty``
               (subtracted from an invalid step's scores, see the module docstring),
               ``epsilon`` (added to the std in ``mean_std_norm``);
-            * ``gigpo``, ``grpo``, ``cw_grpo``, ``slea_rl``: ``episode_stats_over``,
-              ``"trajectories"`` (paper) or ``"steps"`` (verl-agent default; ``slea_rl``'s);
+            * ``gigpo``, ``grpo``, ``cw_grpo``: ``episode_stats_over``, ``"trajectories"``
+              (paper) or ``"steps"`` (verl-agent default; ``slea_rl`` always uses it);
             * ``gigpo``, ``slea_rl``: ``omega``, the weight of the step advantage (Eq. 8);
               ``slea_rl`` also needs ``state_keys`` (its observation clusters);
             * ``slate``: input ``branch_ids``, int (N,): the branch group of a row taken at a
@@ -703,12 +703,18 @@ def grpo(batch: AdvantageBatch, config: EpisodeGroupConfig) -> AdvantageResult:
 
 
 @dataclass(frozen=True)
-class SLEARLConfig(GiGPOConfig):
-    """SLEA-RL's options: GiGPO's, with the authors' defaults (their ``forge`` config)."""
+class SLEARLConfig(AdvantageConfig):
+    """SLEA-RL's options: GiGPO's step weight; its episode statistics are fixed (see
+    :func:`slea_rl`), so a caller's ``episode_stats_over`` cannot turn it back into GiGPO."""
 
-    episode_stats_over: EpisodeStatsOver = "steps"
-    """their episode statistics run over every step row (verl-agent's
-    ``compute_mean_std_cross_steps=True``, which their code leaves at its default)"""
+    omega: float = 1.0
+    """weight of the step advantage (the authors' ``step_advantage_w``), GiGPO Eq. 8"""
+
+    @property
+    def episode_stats_over(self) -> EpisodeStatsOver:
+        """Always ``"steps"``: the authors' code leaves verl-agent's
+        ``compute_mean_std_cross_steps`` at its default, ``True``."""
+        return "steps"
 
 
 @register_advantage("slea_rl", options=SLEARLConfig, inputs=("state_keys",))
@@ -726,8 +732,8 @@ def slea_rl(batch: AdvantageBatch, config: SLEARLConfig) -> AdvantageResult:
 
     * episode advantage, GiGPO Eq. 3: ``A_E = R(tau) - mean`` over the group's step rows
       (their code calls verl-agent's ``episode_norm_reward`` with
-      ``compute_mean_std_cross_steps`` at its default, ``True``: ``episode_stats_over="steps"``
-      here, the one default that differs from :func:`gigpo`);
+      ``compute_mean_std_cross_steps`` at its default, ``True``: ``episode_stats_over`` is
+      fixed to ``"steps"`` here, and not an option, the one difference from :func:`gigpo`);
     * step advantage, GiGPO Eqs. 5-7: discounted returns ``R_t = r_t + gamma R_{t+1}``
       (their ``compute_step_discounted_returns``) compared within an observation cluster of
       the group; their default clustering is exact (``enable_similarity=False``), and here a

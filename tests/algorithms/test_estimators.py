@@ -507,10 +507,12 @@ def test_slea_rl_by_hand():
     np.testing.assert_allclose(out.episode_advantage, [1 / 3, 1 / 3, -2 / 3])
     np.testing.assert_allclose(out.step_advantage, [0.25, 0.0, -0.25])
     np.testing.assert_allclose(out.advantages, [1 / 3 + 0.25, 1 / 3, -2 / 3 - 0.25], rtol=1e-6)
-    # omega is the authors' step_advantage_w; the rest of GiGPO's options are taken as well
+    # omega is the authors' step_advantage_w; the episode statistics are not an option
     half = compute_advantage("slea_rl", omega=0.5, **rows)
     np.testing.assert_allclose(half.advantages, [1 / 3 + 0.125, 1 / 3, -2 / 3 - 0.125], rtol=1e-6)
     same = compute_advantage("gigpo", episode_stats_over="steps", **rows)
     np.testing.assert_array_equal(out.advantages, same.advantages)
     with pytest.raises(ValueError, match="needs state_keys"):
         compute_advantage("slea_rl", **{**rows, "state_keys": None})
+    with pytest.raises(ValueError, match="takes no option 'episode_stats_over'"):
+        compute_advantage("slea_rl", episode_stats_over="trajectories", **rows)
