@@ -48,10 +48,11 @@ class CorridorEnv(TextEnv):
     layouts' one of the others, so every door is right somewhere in training but no (room,
     light) pair of a held-out layout is. The dead-end and invalid-action texts then end with
     the room's text too, so no observation of a held-out layout (after any actions) is an
-    observation of a train layout (:meth:`split_texts` lists them; the one exception is an
-    :class:`~agentgym.core.InvalidAction`, whose observation is the parser's own message). There are
-    ``(num_doors // 2) ** length`` distinct train layouts and ``(num_doors - num_doors // 2) **
-    length`` held-out ones (layout ids beyond that repeat them); 4 doors give two of each per room.
+    observation of a train layout (:meth:`split_texts` lists them). The one exception is an
+    :class:`~agentgym.core.InvalidAction`, whose observation is the parser's own message.
+    There are ``(num_doors // 2) ** length`` distinct train layouts and
+    ``(num_doors - num_doors // 2) ** length`` held-out ones (layout ids beyond that repeat
+    them); 4 doors give two of each per room.
 
     **Actions.** In a room: a door name (``red``, ``blue``...); the right one moves to the next
     room, the others to a dead end. In a dead end: ``back`` returns to the room. Anything else
@@ -134,6 +135,8 @@ class CorridorEnv(TextEnv):
     def split_doors(self, room: int, split: str = "train") -> tuple[int, ...]:
         """The doors (indices into :attr:`doors`) that can be right in ``room`` (from 0) in a
         layout of ``split``: all of them, or with ``disjoint_splits`` the split's half."""
+        if split not in _SPLIT_OFFSETS:
+            raise ValueError(f"unknown split {split!r}; choose one of {sorted(_SPLIT_OFFSETS)}")
         if not self.disjoint_splits:
             return tuple(range(self.num_doors))
         k, half = self.num_doors, self.num_doors // 2
