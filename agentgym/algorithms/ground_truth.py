@@ -28,8 +28,10 @@ Conventions, matching what the estimators see:
   current observation is one when the observation is a function of the state; where two paths
   reach a state with different text (Corridor's "You walk back." prefix), the model is read
   on the first text, and the sampled episodes use that same distribution.
-* Transitions are deterministic (one ``restore()`` + ``step()`` per node and action): every
-  env of this suite is, given its snapshot.
+* Transitions are deterministic (one ``restore()`` + ``step()`` per node and action), as
+  Corridor's and Sokoban's are given their snapshot.
+* Rewards are the env's: the estimators' invalid-action penalty is a training-side charge,
+  absent here (policies over admissible actions never pay it).
 """
 
 from __future__ import annotations
