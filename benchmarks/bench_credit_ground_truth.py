@@ -17,14 +17,15 @@ and runs every estimator of ``available_advantages()`` on the same batch:
   branch step uniformly, and k continuations play on from that state (the first is that
   episode's own suffix); only the k branch-step rows carry SLATE's estimate and are scored.
 
-Scores per batch (``score_advantages``): Spearman rank correlation with the exact advantages
-(average ranks for ties), sign agreement (rows whose exact advantage is not 0; an estimate of
-0 disagrees), and the mean absolute error over ``mean |A|`` (1 = no better than predicting 0),
-twice: as the estimator scales its advantages (its own normalisation: reward units under
-``mean_norm``, but GRPO's episode advantage is an undiscounted return and GiGPO adds a step
-term, so magnitudes differ from A's), and after multiplying them by ``mean |A| / mean |est|``
-so that magnitudes agree and only the shape is compared. Medians over ``--repeats``
-independent batches. Estimators run with their default options and the benchmark's ``gamma`` (``--norm`` for the normalisation).
+Scores per batch (``score_advantages``, over all the batch's scored rows, every group and task
+pooled): Spearman rank correlation with the exact advantages (average ranks for ties), sign
+agreement (rows whose exact advantage is not 0; an estimate of 0 disagrees), and the mean
+absolute error over ``mean |A|`` (1 = no better than predicting 0), twice: as the estimator
+scales its advantages (its own normalisation: reward units under ``mean_norm``, but GRPO's
+episode advantage is an undiscounted return and GiGPO adds a step term, so magnitudes differ
+from A's), and after multiplying them by ``mean |A| / mean |est|`` so that magnitudes agree and
+only the shape is compared. Medians over ``--repeats`` independent batches. Estimators run
+with their default options and the benchmark's ``gamma`` (``--norm`` for the normalisation).
 
 Setups: Corridor (3 rooms, 3 doors, step cap 10, 4 layouts) and Sokoban (6x6 rooms, one box,
 step cap 10, 4 rooms), each under the uniform policy over admissible actions and under a tiny
