@@ -7,6 +7,12 @@ actions with probability softmax(summed token log-probs), and the chosen action'
 what GiGPO/GRPO train. The env is the corridor with its hint ("Light comes through the blue
 door"): the policy can win every layout by reading the hint, which the model does not do zero-shot.
 
+The held-out layouts are held out in text: 2 rooms, 4 doors and ``disjoint_splits`` (each
+room's right door in the test split is one the train split never lights in that room), so no
+test prompt occurs in training. That leaves few of them: 4 distinct test layouts and 4
+distinct test room texts (12 test observations with the walk-back and dead-end variants),
+written to the JSON as ``held_out``; the 16 evaluation episodes replay those 4 layouts.
+
 Both methods run the same train script with the same seed, model, prompts and rollout budget
 (groups x group size x iterations); only the advantage estimator differs. They run at the same
 time, one CPU thread each, so that load from other work on the machine hits both alike.
@@ -45,7 +51,7 @@ def train_args(args: argparse.Namespace, method: str, out_dir: Path) -> list[str
         "--policy", "scored",
         "--action-temperature", str(args.action_temperature),
         "--advantage", method,
-        "--env-kwargs", json.dumps({"length": args.length, "list_doors": False}),
+        "--env-kwargs", json.dumps(env_kwargs(args)),
         "--max-steps", str(args.max_steps),
         "--history-length", "0",
         "--num-groups", str(args.num_groups),
@@ -66,6 +72,31 @@ def train_args(args: argparse.Namespace, method: str, out_dir: Path) -> list[str
         "--no-tensorboard",
         "--no-plot",
     ]  # fmt: skip
+
+
+def env_kwargs(args: argparse.Namespace) -> dict:
+    """The corridor's settings: held-out layouts whose texts never occur in training."""
+    return {
+        "length": args.length,
+        "num_doors": args.num_doors,
+        "list_doors": False,
+        "disjoint_splits": True,
+    }
+
+
+def held_out(args: argparse.Namespace) -> dict:
+    """How much is held out: distinct test layouts and texts, and that none occurs in training."""
+    from agentgym.envs.corridor import CorridorEnv
+
+    env = CorridorEnv(**env_kwargs(args))
+    train, test = env.split_texts("train"), env.split_texts("test")
+    rooms = {t for t in test if t.startswith("Room")}
+    return {
+        "distinct_test_layouts": len({env.layout(i, "test") for i in range(10 * args.eval_groups)}),
+        "distinct_test_room_texts": len(rooms),
+        "distinct_test_observations": len(test),
+        "test_texts_in_training": len(train & test),
+    }
 
 
 def read_history(path: Path) -> list[dict]:
@@ -110,7 +141,12 @@ def plot(results: dict, path: Path) -> None:
         axes[0].plot(c["eval_iteration"], c["eval_success_rate"], marker="o", label=method)
         axes[1].plot(c["iteration"], c["success_rate"], marker=".", label=method)
         axes[2].plot(c["iteration"], c["episode_length"], marker=".", label=method)
-    axes[0].set_title(f"held-out success (greedy, {results['config']['eval_groups']} layouts)")
+    held = results["held_out"]
+    axes[0].set_title(
+        f"held-out success (greedy, {results['config']['eval_groups']} episodes, "
+        f"{held['distinct_test_layouts']} unseen layouts)",
+        fontsize=9,
+    )
     axes[1].set_title("rollout success (sampled)")
     axes[2].set_title("rollout episode length (steps)")
     for ax in axes:
@@ -137,8 +173,11 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=60)
     parser.add_argument("--num-groups", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--length", type=int, default=1, help="rooms in the corridor")
-    parser.add_argument("--max-steps", type=int, default=3)
+    parser.add_argument("--length", type=int, default=2, help="rooms in the corridor")
+    parser.add_argument(
+        "--num-doors", type=int, default=4, help="doors per room (half of them held out per room)"
+    )
+    parser.add_argument("--max-steps", type=int, default=4)
     parser.add_argument(
         "--action-temperature",
         type=float,
@@ -223,6 +262,7 @@ def main() -> None:
             "platform": platform.platform(),
             "note": "CPU only, cores shared with other work; one thread per method",
         },
+        "held_out": held_out(args),
         "wall_seconds_of_this_call": time.perf_counter() - t0,
         "runs": {},
     }

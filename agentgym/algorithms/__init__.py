@@ -1,8 +1,10 @@
 """Advantage estimators for multi-turn agent RL, shared by every trainer that consumes agentgym.
 
 :mod:`agentgym.algorithms.advantage` holds the one implementation of GRPO and GiGPO (arXiv
-2505.10978), RLOO, SLATE and CW-GRPO: the bundled trainer (``trainers/gigpo``) and the library
-adapters (e.g. the verl estimator in :mod:`agentgym.integrations.verl`) all import it from here.
+2505.10978), RLOO, SLATE, CW-GRPO and SLEA-RL: the bundled trainer (``trainers/gigpo``) and
+the library adapters (e.g. the verl estimator in :mod:`agentgym.integrations.verl`) all import
+it from here. :mod:`agentgym.algorithms.ground_truth` computes exact advantages on small envs
+to score them against.
 Each estimator is registered by name with its own options dataclass and the per-row inputs it
 reads (:func:`advantage_estimator`). Pure numpy; torch is imported only by
 :func:`~agentgym.algorithms.advantage.token_advantages`.
@@ -18,6 +20,7 @@ from agentgym.algorithms.advantage import (
     EpisodeGroupConfig,
     Estimator,
     GiGPOConfig,
+    SLEARLConfig,
     advantage_estimator,
     available_advantages,
     compute_advantage,
@@ -37,6 +40,7 @@ __all__ = [
     "EpisodeGroupConfig",
     "Estimator",
     "GiGPOConfig",
+    "SLEARLConfig",
     "advantage_estimator",
     "available_advantages",
     "compute_advantage",

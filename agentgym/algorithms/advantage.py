@@ -1,11 +1,13 @@
-"""Critic-free advantage estimators for multi-turn agent RL: GRPO, GiGPO, RLOO, SLATE, CW-GRPO.
+"""Critic-free advantage estimators for multi-turn agent RL: GRPO, GiGPO, RLOO, SLATE, CW-GRPO,
+SLEA-RL.
 
 GRPO and GiGPO are described below; RLOO (leave-one-out baselines), SLATE (arXiv 2602.23440:
 advantages within branch groups of sibling samples of one state, from a stepwise or tree
 rollout's ``branch_ids``) and CW-GRPO (arXiv 2604.14267: a judge's per-round
 ``contributions`` share a successful trajectory's GRPO credit among its rounds before the
 answer round) are documented on their functions, :func:`rloo`, :func:`slate` and
-:func:`cw_grpo`.
+:func:`cw_grpo`; so is SLEA-RL (arXiv 2603.18079, :func:`slea_rl`), whose advantage is GiGPO's
+with its authors' defaults.
 
 GiGPO (Group-in-Group Policy Optimization, arXiv 2505.10978) gives every step of a multi-turn
 episode two relative advantages, both computed from a group of rollouts of the same task:
@@ -77,6 +79,7 @@ __all__ = [
     "EpisodeGroupConfig",
     "Estimator",
     "GiGPOConfig",
+    "SLEARLConfig",
     "advantage_estimator",
     "available_advantages",
     "compute_advantage",
@@ -508,8 +511,8 @@ def compute_advantage(
     """Advantages for a batch of flat rows, one row per (trajectory, step), rows in any order.
 
     Args:
-        name: registered estimator: ``"gigpo"``, ``"grpo"``, ``"rloo"``, ``"slate"`` or
-            ``"cw_grpo"`` (see :func:`available_advantages`).
+        name: registered estimator: ``"gigpo"``, ``"grpo"``, ``"rloo"``, ``"slate"``,
+            ``"cw_grpo"`` or ``"slea_rl"`` (see :func:`available_advantages`).
         group_ids: int (N,): the group of the row; all trajectories of a group start from the
             same task and state.
         traj_ids: int (N,): the trajectory of the row (unique within its group at least).
@@ -528,8 +531,9 @@ def compute_advantage(
               (subtracted from an invalid step's scores, see the module docstring),
               ``epsilon`` (added to the std in ``mean_std_norm``);
             * ``gigpo``, ``grpo``, ``cw_grpo``: ``episode_stats_over``, ``"trajectories"``
-              (paper) or ``"steps"`` (verl-agent default);
-            * ``gigpo``: ``omega``, the weight of the step advantage (Eq. 8);
+              (paper) or ``"steps"`` (verl-agent default; ``slea_rl`` always uses it);
+            * ``gigpo``, ``slea_rl``: ``omega``, the weight of the step advantage (Eq. 8);
+              ``slea_rl`` also needs ``state_keys`` (its observation clusters);
             * ``slate``: input ``branch_ids``, int (N,): the branch group of a row taken at a
               branch point (the k sibling continuations of one prefix share it, and act from
               the same snapshot), -1 for rows that are not branch-step samples;
@@ -714,6 +718,52 @@ def grpo(batch: AdvantageBatch, config: EpisodeGroupConfig) -> AdvantageResult:
     """
     a_episode = episode_advantage(batch, config)
     return _episode_only(batch, a_episode)
+
+
+@dataclass(frozen=True)
+class SLEARLConfig(AdvantageConfig):
+    """SLEA-RL's options: GiGPO's step weight; its episode statistics are fixed (see
+    :func:`slea_rl`), so a caller's ``episode_stats_over`` cannot turn it back into GiGPO."""
+
+    omega: float = 1.0
+    """weight of the step advantage (the authors' ``step_advantage_w``), GiGPO Eq. 8"""
+
+    @property
+    def episode_stats_over(self) -> EpisodeStatsOver:
+        """Always ``"steps"``: the authors' code leaves verl-agent's
+        ``compute_mean_std_cross_steps`` at its default, ``True``."""
+        return "steps"
+
+
+@register_advantage("slea_rl", options=SLEARLConfig, inputs=("state_keys",))
+def slea_rl(batch: AdvantageBatch, config: SLEARLConfig) -> AdvantageResult:
+    """SLEA-RL's step-level credit assignment (Wang and Jiang, arXiv 2603.18079).
+
+    SLEA-RL has three parts: (i) step-level observation clustering, (ii) a self-evolving
+    experience library (successful strategies and failure patterns, score-based admission,
+    rate-limited extraction) from which experiences are retrieved at every step by the current
+    observation's cluster and put into the prompt, and (iii) policy optimisation with
+    step-level credit assignment. Only (iii) is an advantage; (i) and (ii) change what the
+    policy reads, not how its actions are credited. The advantage the authors ship
+    (``compute_forge_advantage`` in their verl-agent fork, ``adv_estimator: forge``) is
+    GiGPO's, computed on the same clusters the retrieval is keyed by:
+
+    * episode advantage, GiGPO Eq. 3: ``A_E = R(tau) - mean`` over the group's step rows
+      (their code calls verl-agent's ``episode_norm_reward`` with
+      ``compute_mean_std_cross_steps`` at its default, ``True``: ``episode_stats_over`` is
+      fixed to ``"steps"`` here, and not an option, the one difference from :func:`gigpo`);
+    * step advantage, GiGPO Eqs. 5-7: discounted returns ``R_t = r_t + gamma R_{t+1}``
+      (their ``compute_step_discounted_returns``) compared within an observation cluster of
+      the group; their default clustering is exact (``enable_similarity=False``), and here a
+      cluster is an exact ``state_key``, which names the state whatever its text;
+    * ``A = A_E + omega A_S``, GiGPO Eq. 8 (their ``step_advantage_w``, default 1.0), with
+      ``norm`` their ``mode`` (default ``"mean_norm"``) and gamma 0.95.
+
+    Their optional ``compute_experience_weighted_advantage`` (every advantage times
+    ``1 + 0.1 min(1, library size / 100)``) is not called by their trainer and is not applied
+    here. The experience library and its retrieval live on the rollout side.
+    """
+    return gigpo(batch, config)
 
 
 @register_advantage("rloo", options=AdvantageConfig)

@@ -484,3 +484,35 @@ def test_judge_output_is_checked():
     env = gym.make("AgentGym/Corridor-v0")
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         Broken()([play(env, ["red"], options={"task": 0})])
+
+
+def test_slea_rl_by_hand():
+    """SLEA-RL (the authors' advantage): GiGPO Eq. 8 with episode statistics over step rows.
+
+    One group, gamma 0.5. Trajectory A: states s0, s1, rewards 0, 1 (return 1); B: s0, reward 0.
+    Episode: mean over the 3 step rows (1, 1, 0) = 2/3, so A's rows get 1/3 and B's -2/3 (over
+    trajectories it would be +-1/2). Step: returns A0 = 0.5, A1 = 1, B0 = 0; cluster s0 holds
+    A0 and B0 (mean 0.25): +-0.25; s1 holds A1 alone: 0.
+    """
+    rows = dict(
+        group_ids=[0, 0, 0],
+        traj_ids=[0, 0, 1],
+        step_ids=[0, 1, 0],
+        rewards=[0.0, 1.0, 0.0],
+        invalid=[False] * 3,
+        state_keys=["s0", "s1", "s0"],
+        gamma=0.5,
+    )
+    out = compute_advantage("slea_rl", **rows)
+    np.testing.assert_allclose(out.episode_advantage, [1 / 3, 1 / 3, -2 / 3])
+    np.testing.assert_allclose(out.step_advantage, [0.25, 0.0, -0.25])
+    np.testing.assert_allclose(out.advantages, [1 / 3 + 0.25, 1 / 3, -2 / 3 - 0.25], rtol=1e-6)
+    # omega is the authors' step_advantage_w; the episode statistics are not an option
+    half = compute_advantage("slea_rl", omega=0.5, **rows)
+    np.testing.assert_allclose(half.advantages, [1 / 3 + 0.125, 1 / 3, -2 / 3 - 0.125], rtol=1e-6)
+    same = compute_advantage("gigpo", episode_stats_over="steps", **rows)
+    np.testing.assert_array_equal(out.advantages, same.advantages)
+    with pytest.raises(ValueError, match="needs state_keys"):
+        compute_advantage("slea_rl", **{**rows, "state_keys": None})
+    with pytest.raises(ValueError, match="takes no option 'episode_stats_over'"):
+        compute_advantage("slea_rl", episode_stats_over="trajectories", **rows)

@@ -10,7 +10,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import agentgym  # noqa: F401 - registers the ids
-from agentgym.core import InvalidAction
+from agentgym.core import InvalidAction, SnapshotMismatch
 from agentgym.envs.corridor import CorridorEnv
 
 
@@ -158,3 +158,73 @@ def test_list_doors_off_keeps_hint_and_admissible():
     obs, info = env.reset(seed=5)
     assert "Doors" not in obs and "Light comes through the" in obs
     assert info["admissible_actions"] == ["red", "blue", "green"]
+
+
+def _prompts(split: str, episodes: int, history_length: int) -> tuple[set[str], set[str]]:
+    """(every prompt, the first prompts) of random play (admissible and invalid actions) on the
+    trainer preset's corridor, through the LLM wrapper."""
+    from agentgym.envs.corridor import FAMILY
+    from agentgym.wrappers.llm import make_llm_env
+
+    env = make_llm_env(
+        "AgentGym/Corridor-v0",
+        fmt="plain",
+        history_length=history_length,
+        env_kwargs=FAMILY.trainer_defaults["env_kwargs"],
+    )
+    rng = np.random.default_rng(0)
+    prompts, first = set(), set()
+    for ep in range(episodes):
+        obs, info = env.reset(seed=ep, options={"split": split})
+        first.add(obs)
+        done = False
+        while not done:
+            prompts.add(obs)
+            choices = [*info["admissible_actions"], "purple", "back", "red"]
+            obs, _, term, trunc, info = env.step(str(rng.choice(choices)))
+            done = term or trunc
+    return prompts, first
+
+
+@pytest.mark.parametrize("history_length", [0, 2])
+def test_preset_test_prompts_never_occur_in_training(history_length):
+    """The trainer preset's held-out layouts are held out in text: no prompt of a test episode
+    (whatever was played, invalid actions included) is a prompt of a train episode."""
+    train, _ = _prompts("train", 150, history_length)
+    test, first = _prompts("test", 150, history_length)
+    assert train and test
+    assert not train & test, sorted(train & test)[:3]
+    if history_length == 0:
+        # What the benchmarks README states: 2 first prompts (room 1's two held-out lights).
+        assert len(first) == 2
+
+
+def test_disjoint_splits_texts_and_layouts():
+    env = CorridorEnv(length=3, num_doors=4, list_doors=False, disjoint_splits=True)
+    train, test = env.split_texts("train"), env.split_texts("test")
+    assert len(train) == len(test) == 18 and not train & test
+    assert env.split_texts("valid") == test  # valid and test draw from the held-out half
+    layouts = {s: {env.layout(i, s) for i in range(300)} for s in ("train", "test")}
+    assert len(layouts["train"]) == len(layouts["test"]) == 8
+    assert not layouts["train"] & layouts["test"]
+    # Every door word is a right door somewhere in training (only the room is new).
+    assert {d for lay in layouts["train"] for d in lay} == set(range(4))
+    # Every observation a played test episode shows is one split_texts lists (up to the
+    # invalid action's echo).
+    rng = np.random.default_rng(1)
+    for ep in range(40):
+        obs, info = env.reset(seed=ep, options={"split": "test"})
+        while True:
+            invalid = obs.startswith("Invalid action")
+            assert (obs.split(". ", 2)[-1] if invalid else obs) in test, obs
+            obs, _, term, trunc, info = env.step(str(rng.choice(["red", "gold", "back", "zz"])))
+            if term or trunc:
+                break
+    with pytest.raises(ValueError, match="needs hint=True"):
+        CorridorEnv(hint=False, disjoint_splits=True)
+    made = gym.make("AgentGym/Corridor-v0", num_doors=4, list_doors=False, disjoint_splits=True)
+    check_env(made.unwrapped)
+    # the option changes the task, so it is part of the snapshot identity
+    env.reset(seed=0)
+    with pytest.raises(SnapshotMismatch):
+        CorridorEnv(length=3, num_doors=4, list_doors=False).restore(env.snapshot())

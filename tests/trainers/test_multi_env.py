@@ -60,7 +60,12 @@ def test_command_line_takes_repeated_env_and_weights(tmp_path):
     config.validate(cli=True)
     # The extra env runs with its own preset's env settings, the first with the config's.
     corridor, sokoban = env_configs(config)
-    assert corridor.env_kwargs == {"length": 3, "list_doors": False}
+    assert corridor.env_kwargs == {
+        "length": 3,
+        "num_doors": 4,
+        "list_doors": False,
+        "disjoint_splits": True,
+    }
     assert (sokoban.env, sokoban.env_kwargs, sokoban.fmt) == (SOKOBAN, {}, None)
     bad = Config.for_env(CORRIDOR, extra_envs=[SOKOBAN], env_weights=[1.0])
     with pytest.raises(ConfigError, match="one positive weight per env"):

@@ -39,6 +39,21 @@ class CorridorEnv(TextEnv):
     the door list out of the room text (it stays in ``info["admissible_actions"]``): shorter
     prompts, and the hint is the only door word a tiny model reads.
 
+    **Held-out layouts whose text never occurs in training** (``disjoint_splits=True``, needs
+    the hint). Without it every split draws each room's right door from all the doors, so a
+    held-out layout's room texts ("Room 1 of 3. Light comes through the red door.") are texts
+    the training layouts show too: only the combination is new. With it, each room's doors are
+    split in two halves, rotated by the room: in room ``r`` (from 0) the train layouts' right
+    door is one of ``(r + j) % num_doors`` for ``j < num_doors // 2`` and the ``valid`` / ``test``
+    layouts' one of the others, so every door is right somewhere in training but no (room,
+    light) pair of a held-out layout is. The dead-end and invalid-action texts then end with
+    the room's text too, so no observation of a held-out layout (after any actions) is an
+    observation of a train layout (:meth:`split_texts` lists them). The one exception is an
+    :class:`~agentgym.core.InvalidAction`, whose observation is the parser's own message.
+    There are ``(num_doors // 2) ** length`` distinct train layouts and
+    ``(num_doors - num_doors // 2) ** length`` held-out ones (layout ids beyond that repeat
+    them); 4 doors give two of each per room.
+
     **Actions.** In a room: a door name (``red``, ``blue``...); the right one moves to the next
     room, the others to a dead end. In a dead end: ``back`` returns to the room. Anything else
     (unknown words, ``back`` in a room, a door in a dead end) is invalid: the state does not
@@ -71,6 +86,7 @@ class CorridorEnv(TextEnv):
         step_cost: float = 0.0,
         num_layouts: int | None = None,
         list_doors: bool = True,
+        disjoint_splits: bool = False,
         max_episode_steps: int | None = None,
         render_mode: str | None = None,
     ):
@@ -80,6 +96,11 @@ class CorridorEnv(TextEnv):
             raise ValueError(f"num_doors must be in 2..{len(DOOR_NAMES)}, got {num_doors}")
         if num_layouts is not None and num_layouts < 1:
             raise ValueError(f"num_layouts must be >= 1 or None, got {num_layouts}")
+        if disjoint_splits and not hint:
+            raise ValueError(
+                "disjoint_splits needs hint=True: without the hint a room's text does not "
+                "depend on the layout, so held-out and train texts cannot differ"
+            )
         super().__init__(
             max_episode_steps=2 * length + 4 if max_episode_steps is None else max_episode_steps,
             render_mode=render_mode,
@@ -91,6 +112,7 @@ class CorridorEnv(TextEnv):
         self.step_cost = float(step_cost)
         self.num_layouts = num_layouts
         self.list_doors = list_doors
+        self.disjoint_splits = disjoint_splits
         self.doors: tuple[str, ...] = DOOR_NAMES[:num_doors]
         self._door_list = ", ".join(self.doors)
         self._split = "train"
@@ -103,7 +125,38 @@ class CorridorEnv(TextEnv):
     def layout(self, layout_id: int, split: str = "train") -> tuple[int, ...]:
         """The right door (index into :attr:`doors`) of each room of a layout; deterministic."""
         rng = np.random.default_rng(_SPLIT_OFFSETS[split] + layout_id)
-        return tuple(int(d) for d in rng.integers(self.num_doors, size=self.length))
+        if not self.disjoint_splits:
+            return tuple(int(d) for d in rng.integers(self.num_doors, size=self.length))
+        return tuple(
+            self.split_doors(room, split)[int(i)]
+            for room, i in enumerate(rng.integers(self._half(split), size=self.length))
+        )
+
+    def split_doors(self, room: int, split: str = "train") -> tuple[int, ...]:
+        """The doors (indices into :attr:`doors`) that can be right in ``room`` (from 0) in a
+        layout of ``split``: all of them, or with ``disjoint_splits`` the split's half."""
+        if split not in _SPLIT_OFFSETS:
+            raise ValueError(f"unknown split {split!r}; choose one of {sorted(_SPLIT_OFFSETS)}")
+        if not self.disjoint_splits:
+            return tuple(range(self.num_doors))
+        k, half = self.num_doors, self.num_doors // 2
+        shifts = range(half) if split == "train" else range(half, k)
+        return tuple((room + j) % k for j in shifts)
+
+    def _half(self, split: str) -> int:
+        return self.num_doors // 2 if split == "train" else self.num_doors - self.num_doors // 2
+
+    def split_texts(self, split: str = "train") -> set[str]:
+        """Every observation a layout of ``split`` can show before the episode ends, except the
+        echo of an invalid action's own text: each room's text (plain and after ``back``), its
+        dead end, and with ``disjoint_splits`` the invalid-action texts' endings (which hold
+        the room's text). What the held-out guarantee is checked on."""
+        texts = set()
+        for room in range(self.length):
+            for door in self.split_doors(room, split):
+                line = self._room_line(room, door)
+                texts |= {line, f"You walk back. {line}", self._dead_end_text(room, door)}
+        return texts
 
     def _reset_task(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         split = options.get("split")
@@ -151,7 +204,8 @@ class CorridorEnv(TextEnv):
             return self._invalid(action, list(self.doors)), reward, False, self._info(False)
         if self.doors.index(word) != self._right[self._room]:
             self._dead_end = True
-            return "Dead end. Say back.", reward, False, self._info(True)
+            text = self._dead_end_text(self._room, self._right[self._room])
+            return text, reward, False, self._info(True)
         self._room += 1
         if self._room == self.length:
             return "You reach the goal!", reward + self.goal_reward, True, self._info(True)
@@ -170,6 +224,7 @@ class CorridorEnv(TextEnv):
             self.step_cost,
             self.num_layouts,
             self.list_doors,
+            self.disjoint_splits,
         )
 
     def _snapshot_state(self) -> tuple:
@@ -180,19 +235,37 @@ class CorridorEnv(TextEnv):
 
     # -- text and info -----------------------------------------------------------------------
     def _room_text(self, prefix: str = "") -> str:
-        text = f"Room {self._room + 1} of {self.length}."
+        text = self._room_line(self._room, self._right[self._room])
+        return f"{prefix} {text}" if prefix else text
+
+    def _room_line(self, room: int, right: int) -> str:
+        text = f"Room {room + 1} of {self.length}."
         if self.list_doors:
             text += f" Doors: {self._door_list}."
         if self.hint:
-            text += f" Light comes through the {self.doors[self._right[self._room]]} door."
-        return f"{prefix} {text}" if prefix else text
+            text += f" Light comes through the {self.doors[right]} door."
+        return text
+
+    def _dead_end_text(self, room: int, right: int) -> str:
+        # With disjoint splits the room's text follows, so that no held-out observation is
+        # one a train layout shows.
+        if self.disjoint_splits:
+            return f"Dead end. Say back. {self._room_line(room, right)}"
+        return "Dead end. Say back."
 
     @property
     def invalid_action_reward(self) -> float:
         return -self.step_cost if self.step_cost else 0.0  # avoid a -0.0 reward
 
     def _invalid(self, action: str, allowed: list[str]) -> str:
-        return f"Invalid action {describe_action(action)!r}. Say one of: {', '.join(allowed)}."
+        text = f"Invalid action {describe_action(action)!r}. Say one of: {', '.join(allowed)}."
+        if self.disjoint_splits:  # where you still are, as above
+            right = self._right[self._room]
+            if self._dead_end:
+                text += f" {self._dead_end_text(self._room, right)}"
+            else:
+                text += f" {self._room_line(self._room, right)}"
+        return text
 
     def _info(self, valid: bool) -> dict[str, Any]:
         won = self._room == self.length
