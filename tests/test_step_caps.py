@@ -1,5 +1,6 @@
-"""Step caps: one cap in force (gymnasium's registered ``max_episode_steps`` and ``TimeLimit``),
-so a larger cap lets episodes run longer, wherever agentgym builds envs for the caller.
+"""Step caps: one cap in force (the registry entry's ``max_episode_steps``, or the one
+``gym.make`` is given), enforced by the env itself, so a larger cap lets episodes run longer,
+wherever agentgym builds envs for the caller, and a step after truncation changes nothing.
 
 Episodes are played with an action no family understands: invalid steps change nothing and
 never end an episode, so only the step cap can end it.
@@ -15,10 +16,9 @@ import pytest
 
 import agentgym
 from agentgym.vector import GroupVectorEnv
+from agentgym.vector.snapshot import restore_env
 
 NONSENSE = "xyzzy plugh"
-#: ids whose cap is their own (larger rooms take more steps), not their env class's default
-LONGER_CAP_VARIANTS = {"AgentGym/Sokoban-8x8-2box-v0", "AgentGym/Sokoban-10x10-3box-v0"}
 ids = pytest.mark.parametrize("env_id", agentgym.env_ids())
 
 
@@ -44,17 +44,23 @@ def test_default_cap_is_registered_reported_and_enforced_once(env_id, make):
     env = make(env_id)
     cap = registered_cap(env_id)
     assert env.spec.max_episode_steps == cap
-    assert env.unwrapped.max_episode_steps is None  # the env's own cap is off: one cap
+    assert env.unwrapped.max_episode_steps == cap  # the env enforces the registry's cap
+    assert not any(isinstance(w, gym.wrappers.TimeLimit) for w in _chain(env))  # and only it
     assert steps_until_done(env) == (cap, False, True)
     env.close()
-    if env_id in LONGER_CAP_VARIANTS:
-        return
-    # The registered cap is the one the env class applies when built directly (no drift).
+    # The registry holds the only copy of the cap: the env class built directly has none.
     e = agentgym.entry(env_id)
     module, cls = e.entry_point.split(":")
     direct = getattr(importlib.import_module(module), cls)(**e.kwargs)
-    assert direct.max_episode_steps == cap
+    assert direct.max_episode_steps is None
     direct.close()
+
+
+def _chain(env: gym.Env) -> list[gym.Env]:
+    chain = [env]
+    while isinstance(chain[-1], gym.Wrapper):
+        chain.append(chain[-1].env)
+    return chain
 
 
 @ids
@@ -213,3 +219,65 @@ def test_trl_environment_takes_the_cap():
     traj = env.trajectory
     assert traj.truncated and len(traj.steps) == 16
     assert np.isclose(env.get_reward(), traj.total_return)
+
+
+def usable_action(info: dict) -> str:
+    """An action the family applies from this state (a listed or suggested one)."""
+    for key in ("admissible_actions", "suggested_actions"):
+        for action in info.get(key) or ():
+            if not str(action).startswith("answer["):  # an answer would end the episode
+                return str(action)
+    raise AssertionError(f"no usable action listed in {sorted(info)}")
+
+
+def assert_step_after_end_is_a_noop(env: gym.Env, flags: tuple[bool, bool]) -> None:
+    """The env's episode has just ended with ``flags``: a step with an action it would apply
+    returns the last observation, reward 0, ``action_valid=False``, the same flags, and leaves
+    the state as it was (checked twice: stepping a finished episode never resumes it)."""
+    last_obs, last_info = env.unwrapped._last_obs, env.unwrapped._last_info
+    action = usable_action(last_info)
+    for _ in range(2):
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert (terminated, truncated) == flags
+        assert obs == last_obs and reward == 0.0 and info["action_valid"] is False
+        assert info["state_key"] == last_info["state_key"] and info["won"] == last_info["won"]
+
+
+@ids
+def test_a_step_after_truncation_changes_nothing(env_id, make):
+    """The registered cap (gym.make) and one given to gym.make both end the episode for good."""
+    env = make(env_id)
+    assert steps_until_done(env) == (registered_cap(env_id), False, True)
+    assert_step_after_end_is_a_noop(env, (False, True))
+    env.close()
+    env = gym.make(env_id, max_episode_steps=2)
+    env.reset(seed=0)
+    env.step(usable_action(env.unwrapped._last_info))  # a usable action does not end it early
+    _, _, terminated, truncated, _ = env.step(NONSENSE)
+    assert (terminated, truncated) == (False, True)
+    assert_step_after_end_is_a_noop(env, (False, True))
+    env.close()
+
+
+@ids
+def test_a_truncated_snapshot_restores_truncated(env_id, make):
+    """A GroupVectorEnv snapshot of a truncated episode, restored into a gym.make env of the
+    id, is still over (the env holds the step count and the done flags, not a wrapper)."""
+    make(env_id).close()
+    source = GroupVectorEnv(env_id, num_groups=1, group_size=1, env_kwargs={"max_episode_steps": 2})
+    try:
+        source.reset(seed=0)
+        for _ in range(2):
+            source.step([NONSENSE])
+        assert not source.active.any() and source.trajectories()[0].truncated
+        snap = source.snapshot(0)
+    finally:
+        source.close()
+    for cap in (2, 10):  # a longer cap in the target does not revive the episode
+        target = gym.make(env_id, max_episode_steps=cap)
+        target.reset(seed=1)
+        restore_env(target, snap)
+        assert target.unwrapped.elapsed_steps == 2
+        assert_step_after_end_is_a_noop(target, (False, True))
+        target.close()
+
