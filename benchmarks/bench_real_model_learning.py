@@ -46,7 +46,7 @@ def train_args(args: argparse.Namespace, method: str, out_dir: Path) -> list[str
         "--action-temperature", str(args.action_temperature),
         "--advantage", method,
         "--env-kwargs", json.dumps({"length": args.length, "list_doors": False}),
-        "--max-steps", str(args.max_steps),
+        "--max-episode-steps", str(args.max_episode_steps),
         "--history-length", "0",
         "--num-groups", str(args.num_groups),
         "--group-size", str(args.group_size),
@@ -138,7 +138,7 @@ def main() -> None:
     parser.add_argument("--num-groups", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--length", type=int, default=1, help="rooms in the corridor")
-    parser.add_argument("--max-steps", type=int, default=3)
+    parser.add_argument("--max-episode-steps", type=int, default=3)
     parser.add_argument(
         "--action-temperature",
         type=float,
