@@ -168,12 +168,12 @@ def test_cap_as_env_argument_is_refused_with_the_fix():
         gym.make("AgentGym/SearchQA-Synthetic-v0", max_turns=8)
 
 
-def test_trainer_max_steps_reaches_the_envs():
+def test_trainer_max_episode_steps_reaches_the_envs():
     pytest.importorskip("torch")
     from trainers.gigpo.config import Config
     from trainers.gigpo.train import _env_kwargs
 
-    kwargs = _env_kwargs(Config(env="AgentGym/Corridor-v0", max_steps=30))
+    kwargs = _env_kwargs(Config(env="AgentGym/Corridor-v0", max_episode_steps=30))
     venv = GroupVectorEnv("AgentGym/Corridor-v0", num_groups=1, group_size=1, env_kwargs=kwargs)
     try:
         venv.reset(seed=0)
@@ -281,3 +281,68 @@ def test_a_truncated_snapshot_restores_truncated(env_id, make):
         assert_step_after_end_is_a_noop(target, (False, True))
         target.close()
 
+
+# -- one name: max_episode_steps; the old ones still work for one release, with a warning ------
+def test_trainer_takes_max_episode_steps_and_its_old_name(capsys):
+    pytest.importorskip("torch")
+    from trainers.gigpo.config import Config, parse_args
+
+    config = parse_args(["--env", "AgentGym/Corridor-v0", "--max-episode-steps", "30"])
+    assert config.max_episode_steps == 30 and capsys.readouterr().err.count("deprecated") == 0
+    config = parse_args(["--env", "AgentGym/Corridor-v0", "--max-steps", "31"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert config.max_episode_steps == 31
+    assert [line for line in err if "deprecated" in line] == [
+        "python -m trainers.gigpo.train: warning: --max-steps is deprecated: use "
+        "--max-episode-steps"
+    ]
+    with pytest.warns(DeprecationWarning, match="max_episode_steps"):
+        old = Config(env="AgentGym/Corridor-v0", max_steps=7)
+    assert old.max_episode_steps == 7
+    with pytest.warns(DeprecationWarning, match="max_episode_steps"):
+        assert old.max_steps == 7
+    with pytest.warns(DeprecationWarning, match="max_episode_steps"):
+        assert Config.for_env("AgentGym/Corridor-v0", max_steps=9).max_episode_steps == 9
+
+
+def _subcommand(add_parser, argv: list[str]):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="agentgym")
+    add_parser(parser.add_subparsers())
+    return parser.parse_args(argv)
+
+
+def test_eval_takes_max_episode_steps_and_its_old_name(capsys):
+    from agentgym.engine.cli import add_parser
+
+    url = ["--base-url", "http://127.0.0.1:9"]
+    args = _subcommand(add_parser, ["eval", "Corridor-v0", *url, "--max-episode-steps", "5"])
+    assert args.max_episode_steps == 5 and "deprecated" not in capsys.readouterr().err
+    args = _subcommand(add_parser, ["eval", "Corridor-v0", *url, "--max-turns", "6"])
+    assert args.max_episode_steps == 6
+    err = capsys.readouterr().err.strip()
+    assert err == "agentgym eval: warning: --max-turns is deprecated: use --max-episode-steps"
+    assert "--max-turns" not in _help(add_parser, "eval")
+
+
+def test_serve_takes_max_episode_steps():
+    from agentgym.integrations.openenv_cli import _with_cap, add_parser
+
+    args = _subcommand(add_parser, ["serve", "Corridor-v0", "--max-episode-steps", "25"])
+    assert args.max_episode_steps == 25
+    assert _with_cap(args.env_kwargs, args.max_episode_steps) == {"max_episode_steps": 25}
+    assert _with_cap({"length": 3, "max_episode_steps": 9}, 25) == {
+        "length": 3,
+        "max_episode_steps": 25,
+    }
+    assert _with_cap({"length": 3}, None) == {"length": 3}
+
+
+def _help(add_parser, command: str) -> str:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="agentgym")
+    sub = parser.add_subparsers()
+    add_parser(sub)
+    return sub.choices[command].format_help()
