@@ -568,21 +568,25 @@ class StepCap(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorArgs):
     ``env.spec.max_episode_steps`` still reports the cap in force, and ``gym.make(env.spec)``
     makes the same env again.
 
-    Around an env that is not a :class:`TextEnv`, the ``TimeLimit`` stays and enforces the cap.
-    The wrapper holds no episode state of its own.
+    Around an env that is not a :class:`TextEnv`, the ``TimeLimit`` stays and enforces the cap;
+    around an env that ``gym.make`` did not make (no ``spec``), the env keeps its own cap.
+    The wrapper holds no episode state of its own; :attr:`max_episode_steps` is the cap in force.
     """
 
     def __init__(self, env: gym.Env):
         gym.utils.RecordConstructorArgs.__init__(self)
         spec = env.spec
-        cap = None if spec is None else spec.max_episode_steps
-        if isinstance(env.unwrapped, TextEnv):
+        base = env.unwrapped
+        if spec is None:
+            cap = base.max_episode_steps if isinstance(base, TextEnv) else None
+        else:
+            cap = spec.max_episode_steps
+        if isinstance(base, TextEnv):
             if isinstance(env, gym.wrappers.TimeLimit):
                 env = env.env
-            env.unwrapped.max_episode_steps = cap
+            base.max_episode_steps = cap
         gym.Wrapper.__init__(self, env)
         self.max_episode_steps = cap
-        """the step cap in force (None: none)"""
 
     @property
     def elapsed_steps(self) -> int:

@@ -221,6 +221,22 @@ def test_trl_environment_takes_the_cap():
     assert np.isclose(env.get_reward(), traj.total_return)
 
 
+def test_the_spec_of_a_made_env_makes_it_again_with_its_cap():
+    env = gym.make("AgentGym/Corridor-v0", max_episode_steps=7)
+    again = gym.make(env.spec)
+    assert again.spec.max_episode_steps == 7 and again.unwrapped.max_episode_steps == 7
+    assert steps_until_done(again) == (7, False, True)
+
+
+def test_step_cap_around_an_env_gym_make_did_not_make_keeps_its_cap():
+    from agentgym.core import StepCap
+    from agentgym.envs.corridor import CorridorEnv
+
+    env = StepCap(CorridorEnv(max_episode_steps=5))
+    assert env.max_episode_steps == env.unwrapped.max_episode_steps == 5
+    assert steps_until_done(env) == (5, False, True) and env.elapsed_steps == 5
+
+
 def usable_action(info: dict) -> str:
     """An action the family applies from this state (a listed or suggested one)."""
     for key in ("admissible_actions", "suggested_actions"):
