@@ -55,8 +55,8 @@ __all__ = [
 def register_envs() -> None:
     """Register every :data:`ENTRIES` id with gymnasium (idempotent).
 
-    Each id's step cap is registered as gymnasium's ``max_episode_steps``: ``gym.make`` wraps
-    the env in a ``TimeLimit`` with it, and ``gym.make(id, max_episode_steps=N)`` (or
+    Each id's step cap is registered as gymnasium's ``max_episode_steps``: ``gym.make`` hands it
+    to the env (:class:`~agentgym.core.StepCap`), and ``gym.make(id, max_episode_steps=N)`` (or
     ``env_kwargs={"max_episode_steps": N}`` wherever agentgym calls ``gym.make`` for you:
     ``gym.make_vec``, :class:`GroupVectorEnv`, the trainer, ``agentgym serve``, the TRL and verl
     adapters) sets another, longer or shorter.
@@ -70,10 +70,12 @@ def register_envs() -> None:
             id=e.id,
             entry_point=e.make,  # checks the optional packages first: one line naming the extra
             kwargs=dict(e.kwargs),
-            # The one step cap: gymnasium's TimeLimit (the entry point turns the env's own off),
-            # so gym.make(id, max_episode_steps=N) can lengthen episodes as well as shorten them,
-            # and env.spec.max_episode_steps reports the cap in force.
+            # The one step cap: gym.make(id, max_episode_steps=N) can lengthen episodes as well
+            # as shorten them, and env.spec.max_episode_steps reports the cap in force. StepCap
+            # takes the place of gymnasium's TimeLimit, so the env enforces the cap itself and a
+            # step after truncation is a no-op like any step after the end.
             max_episode_steps=e.max_episode_steps,
+            additional_wrappers=_STEP_CAP,
             vector_entry_point=vector_entry_point(e.id),
             # Every id passes gymnasium's check_env in the test suite. The passive checker is
             # off by default because it breaks an env whose first reset raised (bad options):
@@ -81,6 +83,26 @@ def register_envs() -> None:
             # gym.make(id, disable_env_checker=False) still turns it on.
             disable_env_checker=True,
         )
+
+
+class _MadeWrappers(tuple):
+    """The ``additional_wrappers`` gymnasium registers for every agentgym id: ``(StepCap,)``.
+
+    ``gym.make`` applies them (it slices the tuple). ``gym.make_vec`` refuses a
+    ``vector_entry_point`` next to additional wrappers, as a custom vector env might not apply
+    them; ours does (every :class:`GroupVectorEnv` env is made with ``gym.make(id)``). That
+    check reads the length, so this tuple reports none; iterating and slicing see StepCap.
+    """
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        return 0
+
+
+_STEP_CAP = _MadeWrappers(
+    (gym.envs.registration.WrapperSpec("StepCap", "agentgym.core:StepCap", {}),)
+)
 
 
 def register(entry: EnvEntry) -> None:

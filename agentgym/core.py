@@ -52,6 +52,7 @@ __all__ = [
     "EnvSnapshot",
     "ProcessLocal",
     "SnapshotMismatch",
+    "StepCap",
     "coerce_action",
     "describe_action",
 ]
@@ -237,13 +238,15 @@ class TextEnv(gym.Env[str, str]):
 
     **step(action) -> (obs, reward, terminated, truncated, info).** ``terminated`` is True when
     the task has ended for good (won, or lost with no way back). ``truncated`` is True when the
-    step cap ended the episode first: ``max_episode_steps`` here, or under ``gym.make`` gymnasium's
-    ``TimeLimit`` with the id's registered cap (the env's own is then off, so there is one cap,
-    and ``gym.make(id, max_episode_steps=N)`` can lengthen episodes). An action the env cannot use is
+    step cap ended the episode first: :attr:`max_episode_steps` steps since the last reset (the
+    env counts them itself, :attr:`elapsed_steps`). Under ``gym.make`` the cap is the registry
+    entry's, or ``gym.make(id, max_episode_steps=N)``'s (:class:`StepCap` hands it to the env);
+    an env class built directly has none unless given one. An action the env cannot use is
     never an exception: it returns an observation that says why, ``info["action_valid"] =
     False``, and the world state does not change. Non-text actions (None, numbers) are treated
-    the same way. Stepping a finished episode returns the last observation, reward 0,
-    ``action_valid=False`` and the same terminated / truncated flags.
+    the same way. Stepping a finished episode (terminated or truncated) returns the last
+    observation, reward 0, ``action_valid=False`` and the same terminated / truncated flags, and
+    changes nothing.
 
     **Action text.** Every family ignores whitespace around an action (the base class strips
     it). Beyond that each family matches actions as its benchmark does: Sokoban and Corridor
@@ -278,7 +281,9 @@ class TextEnv(gym.Env[str, str]):
     is restored into the env it came from after it moved on, into a fresh env, or into an env
     of another process after pickling. Snapshots share what never changes and copy only what a
     step can change, so both calls cost microseconds; each family's docstring says what its
-    snapshot holds. Restoring acts on the unwrapped env: gymnasium's ``OrderEnforcing``
+    snapshot holds. The step count and the done flags are episode state and come along; the
+    step cap is the restoring env's own configuration and stays. Restoring acts on the
+    unwrapped env: gymnasium's ``OrderEnforcing``
     wrapper (what ``gym.make`` adds) still wants one ``reset()`` before its first ``step``, so
     step ``env.unwrapped`` or reset the wrapped env once before restoring into it.
     Two snapshots with equal ``state_key`` behave the same from then on: the same actions give
@@ -336,6 +341,9 @@ class TextEnv(gym.Env[str, str]):
                 f"choose one of {self.metadata['render_modes']}"
             )
         self.render_mode = render_mode
+        #: the step cap in force: the episode is truncated after this many steps since the last
+        #: reset (None: no cap). Under ``gym.make`` it is the registry entry's, set by
+        #: :class:`StepCap`; env classes have no default of their own.
         self.max_episode_steps = max_episode_steps
         self.observation_space = spaces.Text(
             max_length=MAX_OBS_CHARS, min_length=0, charset=TEXT_CHARSET
@@ -387,12 +395,12 @@ class TextEnv(gym.Env[str, str]):
 
     # -- snapshot / restore ----------------------------------------------------------------
     def snapshot_identity(self) -> Hashable:
-        """``(module.Class, max_episode_steps, the family's identity)``: what a snapshot must
-        match to be restored here (see :meth:`restore`)."""
+        """``(module.Class, the family's identity)``: what a snapshot must match to be restored
+        here (see :meth:`restore`). The step cap is not part of it: it is configuration of the
+        env that restores, while the step count is episode state the snapshot carries."""
         if getattr(self, "_snapshot_id", None) is None:  # None: not yet computed
             self._snapshot_id = (
                 f"{type(self).__module__}.{type(self).__qualname__}",
-                self.max_episode_steps,
                 self._snapshot_identity(),
             )
         return self._snapshot_id
@@ -432,7 +440,7 @@ class TextEnv(gym.Env[str, str]):
 
         Raises TypeError if ``snapshot`` is not an :class:`EnvSnapshot`, and
         :class:`SnapshotMismatch` if it was taken from an env of another class, variant
-        (id-defining arguments, step cap) or data; the env is then unchanged.
+        (id-defining arguments) or data; the env is then unchanged.
         """
         if not isinstance(snapshot, EnvSnapshot):
             raise TypeError(
@@ -570,3 +578,51 @@ class TextEnv(gym.Env[str, str]):
             obs = obs[: MAX_OBS_CHARS - 3] + "..."
         self._last_obs, self._last_info = obs, info
         return obs, info
+
+
+class StepCap(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorArgs):
+    """The step cap of a registered id, in the place of gymnasium's ``TimeLimit``.
+
+    ``gym.make(id)`` wraps a capped env in ``TimeLimit`` (with the registered
+    ``max_episode_steps``, or ``gym.make(id, max_episode_steps=N)``'s); every agentgym id then
+    adds this wrapper (the registry's ``additional_wrappers``), which reads that cap from the
+    public ``spec``, hands it to the :class:`TextEnv` (:attr:`TextEnv.max_episode_steps`) and
+    drops the ``TimeLimit``. So the env enforces the one cap itself: it counts its steps
+    (:attr:`elapsed_steps`, carried by snapshots), and a step after truncation is a no-op like
+    any step after the episode ended (the last observation, reward 0, ``action_valid=False``,
+    the same flags), which ``TimeLimit`` would pass through to the env as a real step.
+    ``env.spec.max_episode_steps`` still reports the cap in force, and ``gym.make(env.spec)``
+    makes the same env again.
+
+    Around an env that is not a :class:`TextEnv`, the ``TimeLimit`` stays and enforces the cap;
+    around an env that ``gym.make`` did not make (no ``spec``), the env keeps its own cap.
+    The wrapper holds no episode state of its own; :attr:`max_episode_steps` is the cap in force.
+    """
+
+    def __init__(self, env: gym.Env):
+        gym.utils.RecordConstructorArgs.__init__(self)
+        spec = env.spec
+        base = env.unwrapped
+        if spec is None:
+            cap = base.max_episode_steps if isinstance(base, TextEnv) else None
+        else:
+            cap = spec.max_episode_steps
+        if isinstance(base, TextEnv):
+            if isinstance(env, gym.wrappers.TimeLimit):
+                env = env.env
+            base.max_episode_steps = cap
+        gym.Wrapper.__init__(self, env)
+        self.max_episode_steps = cap
+
+    @property
+    def elapsed_steps(self) -> int:
+        """Steps taken since the last reset, as the :class:`TextEnv` counts them."""
+        return self.env.unwrapped.elapsed_steps
+
+    @property
+    def spec(self) -> gym.envs.registration.EnvSpec | None:
+        """The env's spec, with this wrapper and the cap in force (``max_episode_steps``)."""
+        spec = super().spec  # a copy this wrapper caches and owns
+        if spec is not None:
+            spec.max_episode_steps = self.max_episode_steps
+        return spec

@@ -175,9 +175,10 @@ class FamilySpec:
                 f"{self.llm_judge!r}"
             )
         # One cap: a trainer passing a second one would override the registry's silently.
-        if "max_steps" in self.trainer_defaults:
+        capped = {"max_episode_steps", "max_steps"} & self.trainer_defaults.keys()
+        if capped:
             raise ValueError(
-                "trainer_defaults must not hold max_steps: the step cap is the registry "
+                f"trainer_defaults must not hold {min(capped)}: the step cap is the registry "
                 "entry's (EnvEntry(max_episode_steps=...))"
             )
 

@@ -22,7 +22,7 @@ Sizes default to what 2 shared CPU cores finish in about 15 minutes (2 tasks per
 24 new tokens a turn); raise ``--tasks``, ``--max-turns`` and ``--max-tokens`` on a faster
 machine. One arm on one env with the command itself::
 
-    agentgym eval Sokoban-v0 --model smollm2-135m --device cpu --tasks 2 --max-turns 2 \
+    agentgym eval Sokoban-v0 --model smollm2-135m --device cpu --tasks 2 --max-episode-steps 2 \
         --max-tokens 24 --temperature 0 --concurrency 16
 """
 

@@ -26,7 +26,7 @@ first includes compiling the decode step; it is kept as ``first_iteration``), me
 ``benchmarks/results/gpu_iteration.json``, with ``--compare``
 ``benchmarks/results/gpu_iteration_compare.json``).
 
-    python benchmarks/bench_gpu_iteration.py --compare --iterations 2 --max-steps 3
+    python benchmarks/bench_gpu_iteration.py --compare --iterations 2 --max-episode-steps 3
 
 fits one 10-minute GPU job at full size (an H100 ran one reference iteration at all 15 steps in
 456 s); ``--device cpu --layers 2 --hidden 64`` runs the same code on CPU with a small model
@@ -65,7 +65,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "fast": {"hf_generation": "static", "update_batching": "auto"},
 }
 CONFIG_FIELDS = (
-    "num_groups", "group_size", "max_steps", "max_new_tokens", "iterations", "micro_batch_size",
+    "num_groups", "group_size", "max_episode_steps", "max_new_tokens", "iterations", "micro_batch_size",
     "micro_batch_tokens", "mini_batch_size", "generation_batch_size", "generation_backend",
     "hf_generation", "update_batching",
 )  # fmt: skip
@@ -230,7 +230,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the preset's")
     parser.add_argument("--num-groups", type=int, default=None)
     parser.add_argument("--group-size", type=int, default=None)
-    parser.add_argument("--max-steps", type=int, default=None, help="rounds per episode")
+    parser.add_argument("--max-episode-steps", type=int, default=None, help="rounds per episode")
     parser.add_argument("--micro-batch-tokens", type=int, default=None)
     parser.add_argument("--layers", type=int, default=None, help="override the model's depth")
     parser.add_argument(
@@ -256,7 +256,7 @@ def main() -> None:
         "max_new_tokens": args.max_new_tokens,
         "num_groups": args.num_groups,
         "group_size": args.group_size,
-        "max_steps": args.max_steps,
+        "max_episode_steps": args.max_episode_steps,
         "micro_batch_tokens": args.micro_batch_tokens,
     }
     variants = ("reference", "fast") if args.compare else (args.variant,)

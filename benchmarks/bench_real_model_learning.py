@@ -52,7 +52,7 @@ def train_args(args: argparse.Namespace, method: str, out_dir: Path) -> list[str
         "--action-temperature", str(args.action_temperature),
         "--advantage", method,
         "--env-kwargs", json.dumps(env_kwargs(args)),
-        "--max-steps", str(args.max_steps),
+        "--max-episode-steps", str(args.max_episode_steps),
         "--history-length", "0",
         "--num-groups", str(args.num_groups),
         "--group-size", str(args.group_size),
@@ -177,7 +177,7 @@ def main() -> None:
     parser.add_argument(
         "--num-doors", type=int, default=4, help="doors per room (half of them held out per room)"
     )
-    parser.add_argument("--max-steps", type=int, default=4)
+    parser.add_argument("--max-episode-steps", type=int, default=4)
     parser.add_argument(
         "--action-temperature",
         type=float,

@@ -39,9 +39,14 @@ from pathlib import Path
 
 import numpy as np
 
+from agentgym.envs import entry
 from agentgym.io import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parent / "results" / "searchqa.json"
+
+
+#: the registered SearchQA ids' step cap: the episodes play as `gym.make` would play them
+CAP = entry("AgentGym/SearchQA-v0").max_episode_steps
 
 
 def _corpus(corpus_size: int) -> list[dict]:
@@ -155,13 +160,13 @@ def main() -> int:
     # -- build everything before timing anything (the server child builds its index meanwhile;
     # two cores: timing while it builds would measure the contention, not the env)
     t0 = time.perf_counter()
-    env = SearchQAEnv(synthetic=True, split="test")
+    env = SearchQAEnv(synthetic=True, split="test", max_episode_steps=CAP)
     first_env_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     docs = _corpus(args.corpus_size)
     big = BM25Retriever.from_documents(docs)
     index_s = time.perf_counter() - t0
-    env_b = SearchQAEnv(data=tmp / "test.parquet", retriever=big)
+    env_b = SearchQAEnv(data=tmp / "test.parquet", retriever=big, max_episode_steps=CAP)
     url = url_queue.get(timeout=600) + "/retrieve" if server is not None else None
     n_questions = min(env.num_tasks, args.questions or env.num_tasks)
 
@@ -203,7 +208,7 @@ def main() -> int:
                         times[name].append(_time_ms(lambda way=way, q=q: way(q)))
                 for name in ways:
                     per_query[name].append(statistics.median(times[name]))
-            env_c = SearchQAEnv(data=tmp / "test.parquet", retriever=url)
+            env_c = SearchQAEnv(data=tmp / "test.parquet", retriever=url, max_episode_steps=CAP)
             runs_c = [play_timed(env_c, n_questions) for _ in range(args.repeats)]
             assert runs_c[0]["queries"] == queries  # same index, same episodes
         finally:
@@ -244,7 +249,7 @@ def main() -> int:
             "corpus_size": args.corpus_size,
             "questions": n_questions,
             "topk": 3,
-            "max_turns": 4,
+            "max_episode_steps": CAP,
         },
         "results": results,
     }

@@ -59,7 +59,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_searchqa import _corpus, play_timed  # noqa: E402
+from bench_searchqa import CAP, _corpus, play_timed  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "searchr1.json"
@@ -217,7 +217,7 @@ def main() -> int:
         proc, url = _start_server(args.search_r1, work, java_home, log)
 
         big = BM25Retriever.from_documents(docs)
-        env = SearchQAEnv(data=work / "test.parquet", retriever=big)
+        env = SearchQAEnv(data=work / "test.parquet", retriever=big, max_episode_steps=CAP)
         played = play_timed(env, env.num_tasks)
         queries: list[str] = played["queries"]  # type: ignore[assignment]
         tasks = list(range(env.num_tasks))

@@ -53,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from agentgym.envs import entry
 from agentgym.io import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -352,7 +353,8 @@ def _random_policy_times(env, steps: int, seed: int) -> tuple[list[int], list[in
 def bench_ours(args, data_dir: Path) -> dict:
     from agentgym.envs.webshop import WebShopEnv
 
-    env = WebShopEnv(data_dir=data_dir)
+    cap = entry("AgentGym/WebShop-v0").max_episode_steps  # episodes as gym.make plays them
+    env = WebShopEnv(data_dir=data_dir, max_episode_steps=cap)
     _random_policy_times(env, 200, seed=99)  # warm-up
     steps, resets = [], []
     for r in range(args.repeats):

@@ -196,7 +196,7 @@ def test_a_toy_family_is_one_folder_and_one_line(toy_family):
         "lr": 0.25,
         "train_split": "train",
         "history_length": 0,
-        "max_steps": 7,
+        "max_episode_steps": 7,
     }
     assert gym.make(TOY_ID).spec.max_episode_steps == 7  # the one cap, the registry's
 
@@ -345,20 +345,20 @@ def test_trainer_presets_take_the_step_cap_from_the_registry():
     from trainers.gigpo.config import PRESETS, Config
 
     with pytest.raises(ValueError, match="step cap is the registry entry's"):
-        FamilySpec(trainer_defaults={"max_steps": 3})
+        FamilySpec(trainer_defaults={"max_episode_steps": 3})
     for e in ENTRIES:
-        assert "max_steps" not in family_spec(e.family).trainer_defaults
+        assert "max_episode_steps" not in family_spec(e.family).trainer_defaults
         assert (
-            PRESETS[e.id].get("max_steps")
+            PRESETS[e.id].get("max_episode_steps")
             == e.max_episode_steps
             == gym.spec(e.id).max_episode_steps
         )
-        assert Config.for_env(e.id).max_steps == e.max_episode_steps
+        assert Config.for_env(e.id).max_episode_steps == e.max_episode_steps
     # a preset is a fresh copy: one config's env_kwargs never leak into the next
     Config.for_env("AgentGym/Corridor-v0").env_kwargs["length"] = 9
     assert Config.for_env("AgentGym/Corridor-v0").env_kwargs["length"] == 3
     assert "AgentGym/Sokoban-8x8-2box-v0" in PRESETS and "Nope/Nope-v0" not in PRESETS
-    assert Config.for_env("Nope/Nope-v0").max_steps is None
+    assert Config.for_env("Nope/Nope-v0").max_episode_steps is None
 
 
 def _imports(path: Path) -> set[str]:

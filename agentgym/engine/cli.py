@@ -1,6 +1,6 @@
 """``agentgym eval`` and ``agentgym models``: real language models against the envs.
 
-agentgym eval AgentGym/Sokoban-v0 --model smollm2-135m --tasks 4 --group-size 2 --max-turns 8
+agentgym eval AgentGym/Sokoban-v0 --model smollm2-135m --tasks 4 --group-size 2 --max-episode-steps 8
 agentgym eval Sokoban-v0 ALFWorld-Synthetic-v0 --base-url http://127.0.0.1:8000 --temperature 0
 agentgym eval ALFWorld-Synthetic-v0 --model smollm2-135m --policy scored
 agentgym models get smollm2-135m
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentgym.cli_args import int_at_least, resolve_env_id
+from agentgym.cli_args import add_max_episode_steps, int_at_least, resolve_env_id
 from agentgym.io import atomic_write_json
 
 __all__ = ["add_parser", "cmd_eval", "cmd_models", "main"]
@@ -185,7 +185,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             _say(f"skipping {env_id}: {reason}")
     runnable = [e for e in env_ids if e not in skipped]
     tasks = args.task_ids if args.task_ids else args.tasks
-    specs = make_episodes(runnable, tasks, args.group_size, seed=args.seed, split=args.split)
+    cap = None if args.max_episode_steps is None else {"max_episode_steps": args.max_episode_steps}
+    specs = make_episodes(
+        runnable, tasks, args.group_size, seed=args.seed, split=args.split, env_kwargs=cap
+    )
 
     finished: list[EpisodeRecord] = []
     bar = None
@@ -206,7 +209,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         policy,
         params,
         concurrency=args.concurrency,
-        max_turns=args.max_turns,
         policy_version=args.policy_version,
         lockstep=args.lockstep,
         history_length=args.history_length,
@@ -342,8 +344,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-tokens", type=_positive_int, default=256, help="new tokens per turn (256)"
     )
-    p.add_argument(
-        "--max-turns", type=_positive_int, default=None, help="turns per episode (the env's cap)"
+    add_max_episode_steps(
+        p, "turns per episode, the env's step cap (default: the id's)", "--max-turns"
     )
     p.add_argument("--concurrency", type=_positive_int, default=8, help="requests in flight (8)")
     p.add_argument(

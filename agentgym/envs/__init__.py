@@ -61,9 +61,9 @@ class EnvEntry:
     extra: str | None = None
     """the optional extra (``pip install -e ".[EXTRA]"`` in a clone) that installs ``needs``"""
     max_episode_steps: int | None = None
-    """the id's step cap, registered with gymnasium: ``gym.make`` enforces it with its
-    ``TimeLimit`` (``gym.make(id, max_episode_steps=N)`` replaces it) and ``env.spec`` reports
-    it. It equals the cap the env class applies when built directly with :attr:`kwargs`."""
+    """the id's step cap, the only copy of it: registered with gymnasium, so ``env.spec``
+    reports it and ``gym.make(id, max_episode_steps=N)`` replaces it; the env enforces it
+    (:class:`agentgym.core.StepCap`). Env classes have no cap of their own."""
 
     def missing(self) -> list[str]:
         """The modules of ``needs`` that are not importable here."""
@@ -83,10 +83,9 @@ class EnvEntry:
     def make(self, **kwargs: Any) -> Any:
         """Build the env (what gymnasium calls for this id): check the extras, then construct.
 
-        The env's own step cap is turned off: under ``gym.make`` the one cap is gymnasium's
-        ``TimeLimit`` (:attr:`max_episode_steps`, or ``gym.make``'s ``max_episode_steps``).
-        With two caps a larger one could never lengthen an episode, so a cap passed as an env
-        argument is refused with the way to pass it.
+        The step cap is not an env argument here: ``gym.make`` sets it (:attr:`max_episode_steps`,
+        or ``gym.make``'s ``max_episode_steps``), so a cap passed as an env argument is refused
+        with the way to pass it.
         """
         capped = [k for k in CAP_KWARGS if k in kwargs]
         if capped:
@@ -97,9 +96,7 @@ class EnvEntry:
             )
         self.check_available()
         module, cls = self.entry_point.split(":")
-        env = getattr(importlib.import_module(module), cls)(**kwargs)
-        env.max_episode_steps = None  # gymnasium's TimeLimit truncates (see above)
-        return env
+        return getattr(importlib.import_module(module), cls)(**kwargs)
 
     def describe_data(self) -> str:
         if self.data_status is None:
@@ -111,8 +108,8 @@ class EnvEntry:
             return f"unavailable ({type(exc).__name__}: {exc})"
 
 
-#: Env arguments that set a family's own step cap (SearchQA calls its cap ``max_turns``); the
-#: registered entry point refuses them, since gymnasium's ``TimeLimit`` is the cap there.
+#: Env arguments that set an env's step cap (``max_turns``: SearchQA's deprecated name); the
+#: registered entry point refuses them, since ``gym.make``'s ``max_episode_steps`` sets it there.
 CAP_KWARGS = ("max_episode_steps", "max_turns")
 
 

@@ -1,7 +1,7 @@
 """``agentgym serve``: serve one env id over OpenEnv's protocol.
 
 agentgym serve AgentGym/Sokoban-v0 --port 8000
-agentgym serve Corridor-v0 --port 8000 --max-sessions 64 --session-timeout 120
+agentgym serve Corridor-v0 --port 8000 --max-sessions 64 --session-timeout 120 --max-episode-steps 20
 agentgym serve AgentGym/Sokoban-v0 --host 0.0.0.0 --port 8000   # other hosts too: no auth!
 agentgym serve AgentGym/Sokoban-v0 --port 8000 --llm   # prompts out, raw model text in
 
@@ -18,7 +18,7 @@ import argparse
 import json
 import sys
 
-from agentgym.cli_args import int_at_least, resolve_env_id
+from agentgym.cli_args import add_max_episode_steps, int_at_least, resolve_env_id
 
 
 def _session_timeout(text: str) -> float | None:
@@ -52,6 +52,13 @@ def _env_kwargs(text: str) -> dict:
     return value
 
 
+def _with_cap(env_kwargs: dict | None, cap: int | None) -> dict | None:
+    """``--env-kwargs`` with ``--max-episode-steps`` (the flag wins over the same key there)."""
+    if cap is None:
+        return env_kwargs
+    return {**(env_kwargs or {}), "max_episode_steps": cap}
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Check everything that can fail in one line, then serve until Ctrl-C."""
     try:
@@ -68,7 +75,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             env_id,
             host=args.host,
             port=args.port,
-            env_kwargs=args.env_kwargs,
+            env_kwargs=_with_cap(args.env_kwargs, args.max_episode_steps),
             llm={"history_length": args.history_length} if args.llm else None,
             max_sessions=args.max_sessions,
             session_timeout=args.session_timeout,
@@ -116,8 +123,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--env-kwargs",
         type=_env_kwargs,
         default=None,
-        help="JSON object of gym.make keyword arguments, e.g. '{\"max_episode_steps\": 20}'",
+        help="JSON object of gym.make keyword arguments, e.g. '{\"synthetic\": true}'",
     )
+    add_max_episode_steps(p, "steps per episode, the env's step cap (default: the id's)")
     p.add_argument(
         "--llm",
         action="store_true",

@@ -46,6 +46,7 @@ import functools
 import itertools
 import logging
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -489,7 +490,9 @@ def _agent_loop_class() -> type:
         """verl agent loop that plays one agentgym episode per dataset row (see the module doc).
 
         Keyword options (set them as keys of the loop's entry in ``agent_loop_config_path``):
-        ``max_turns`` (default: ``rollout.multi_turn.max_assistant_turns``), ``max_turn_tokens``,
+        ``max_episode_steps`` (the env's step cap, as ``gym.make(id, max_episode_steps=N)``;
+        default: the id's; a row's ``env_kwargs`` may set its own; ``max_turns`` is its deprecated
+        name), ``max_turn_tokens``,
         ``history_length`` (0), ``template`` and ``fmt`` (the env family's defaults), and
         ``end_ids`` (token ids that end a model turn besides EOS, e.g. Gemma 3's
         ``<end_of_turn>``; a template whose turns end otherwise is refused at start, saying so).
@@ -498,20 +501,29 @@ def _agent_loop_class() -> type:
         def __init__(
             self,
             *args: Any,
-            max_turns: int | None = None,
+            max_episode_steps: int | None = None,
             max_turn_tokens: int | None = None,
             history_length: int = 0,
             template: str | None = None,
             fmt: str | None = None,
             end_ids: list[int] | None = None,
+            max_turns: int | None = None,
             **kwargs: Any,
         ) -> None:
+            if max_turns is not None:
+                warnings.warn(
+                    "the agent loop option max_turns is deprecated: use max_episode_steps",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+                max_episode_steps = max_turns if max_episode_steps is None else max_episode_steps
             kwargs.pop("name", None)  # the entry's own name in agent_loop_config_path
             kwargs.pop("tools", None)  # verl's tool list; agentgym envs bring their own actions
             super().__init__(*args, **kwargs)
+            self.max_episode_steps = max_episode_steps
             multi_turn = self.rollout_config.get("multi_turn", None)
-            if max_turns is None and multi_turn is not None:
-                max_turns = multi_turn.get("max_assistant_turns", None)
+            # verl's own cap on model turns; the env's step cap is max_episode_steps
+            max_turns = None if multi_turn is None else multi_turn.get("max_assistant_turns", None)
             self.runner = EpisodeRunner(
                 self.tokenizer,
                 self.server_manager,
@@ -531,7 +543,10 @@ def _agent_loop_class() -> type:
             )
 
         async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
-            episode = await self.runner.run(sampling_params, **episode_spec(kwargs))
+            spec = episode_spec(kwargs)
+            if self.max_episode_steps is not None:
+                spec["env_kwargs"].setdefault("max_episode_steps", self.max_episode_steps)
+            episode = await self.runner.run(sampling_params, **spec)
             metrics = AgentLoopMetrics(
                 generate_sequences=episode.timing["generate_sequences"],
                 tool_calls=episode.timing["env_steps"],

@@ -11,7 +11,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from agentgym.core import EnvSnapshot, SnapshotMismatch
+from agentgym.core import EnvSnapshot, SnapshotMismatch, StepCap
 
 __all__ = ["GroupEnvSnapshot", "restore_env", "snapshot_env"]
 
@@ -27,7 +27,6 @@ _WRAPPER_CONFIG = frozenset(
         "_cached_spec",
         "_saved_kwargs",
         "_disable_render_order_enforcing",
-        "_max_episode_steps",  # TimeLimit's cap belongs to the env it was made with
     }
 )
 
@@ -73,28 +72,18 @@ def snapshot_env(env: gym.Env, last: tuple[str, dict[str, Any]] | None) -> Group
         ),
         protocol=pickle.HIGHEST_PROTOCOL,
     )
+    # the env counts its steps and ends a capped episode itself (StepCap): its own snapshot
+    # holds the step count and the done flags
     fields = {name: getattr(base, name) for name in _BASE_FIELDS}
-    if fields["done"] is None and _time_limit_reached(chain):
-        # the step cap is gymnasium's TimeLimit, outside the env: an episode it truncated is
-        # over although the env itself never ended it
-        fields["done"] = (False, True)
     return GroupEnvSnapshot(**fields, wrapped=wrapped)
-
-
-def _time_limit_reached(chain: list[gym.Wrapper]) -> bool:
-    return any(
-        isinstance(w, gym.wrappers.TimeLimit)
-        and w._max_episode_steps is not None
-        and (w._elapsed_steps or 0) >= w._max_episode_steps
-        for w in chain
-    )
 
 
 def restore_env(env: gym.Env, snap: EnvSnapshot) -> tuple[str, dict[str, Any]]:
     """Restore ``env`` and its wrappers; returns the (observation, info) they last returned.
 
     A bare ``EnvSnapshot`` carries no wrapper state: accepted only when the wrappers are
-    gymnasium's bookkeeping ones (what ``gym.make`` adds), which are then set as after a reset.
+    the bookkeeping ones ``gym.make`` adds (the step cap lives in the env, whose snapshot
+    carries the step count), which are then set as after a reset.
     """
     chain = _wrapper_chain(env)
     if isinstance(snap, GroupEnvSnapshot) and snap.wrapped:
@@ -124,14 +113,8 @@ def restore_env(env: gym.Env, snap: EnvSnapshot) -> tuple[str, dict[str, Any]]:
     for wrapper in chain:
         if isinstance(wrapper, gym.wrappers.OrderEnforcing):
             wrapper._has_reset = True  # the env holds an episode: stepping it is in order
-        elif isinstance(wrapper, gym.wrappers.TimeLimit):
-            wrapper._elapsed_steps = snap.elapsed_steps
     return snap.last_obs, snap.info
 
 
-_GYM_BOOKKEEPING = (
-    gym.wrappers.OrderEnforcing,
-    gym.wrappers.TimeLimit,
-    gym.wrappers.PassiveEnvChecker,
-)
+_GYM_BOOKKEEPING = (gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker, StepCap)
 _BASE_FIELDS = tuple(f.name for f in dataclasses.fields(EnvSnapshot))

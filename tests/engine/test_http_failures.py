@@ -92,7 +92,7 @@ def test_a_strict_server_gets_the_request_without_vllm_fields(faulty_server):
 def test_cli_against_a_500_server_completes_and_counts(faulty_server, tmp_path, capsys):
     base, _ = faulty_server
     argv = f"eval Corridor-v0 --base-url {base}/500 --served-model faulty --tasks 1"
-    argv += " --group-size 2 --max-turns 3 --timeout 2 --retries 0 --quiet --api-key sk-secret-1"
+    argv += " --group-size 2 --max-episode-steps 3 --timeout 2 --retries 0 --quiet --api-key sk-secret-1"
     code = main([*argv.split(), "--out-dir", str(tmp_path)])
     assert code == 0
     assert "sk-secret-1" not in (tmp_path / "results.json").read_text()
@@ -136,7 +136,7 @@ def test_ctrl_c_writes_what_has_finished(faulty_server, tmp_path):
             "200",
             "--concurrency",
             "1",
-            "--max-turns",
+            "--max-episode-steps",
             "3",
             "--out-dir",
             str(tmp_path),
@@ -178,7 +178,7 @@ def test_cli_skips_an_env_it_cannot_build_and_runs_the_others(
             f"{base}/ok",
             "--tasks",
             "1",
-            "--max-turns",
+            "--max-episode-steps",
             "2",
             "--out-dir",
             str(tmp_path / "out"),

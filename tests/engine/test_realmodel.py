@@ -142,7 +142,7 @@ def test_cli_model_in_process(smollm2_path, tmp_path, capsys):
             "1",
             "--group-size",
             "2",
-            "--max-turns",
+            "--max-episode-steps",
             "1",
             "--max-tokens",
             "8",
@@ -175,7 +175,7 @@ def test_cli_against_transformers_serve(smollm2_server, tmp_path):
             "1",
             "--group-size",
             "2",
-            "--max-turns",
+            "--max-episode-steps",
             "1",  # two concurrent requests; more turns only cost time
             "--max-tokens",
             "16",
@@ -215,7 +215,7 @@ def test_scored_over_a_server_without_prompt_logprobs_fails_once_clearly(
             str(smollm2_path),
             "--tasks",
             "2",
-            "--max-turns",
+            "--max-episode-steps",
             "1",
             "--timeout",
             "300",
@@ -266,7 +266,7 @@ def test_eval_plays_every_registered_id_on_both_paths(
         # (the run records them as connection errors): a few in flight, and retries
         server = request.getfixturevalue("smollm2_server")
         backend = ["--base-url", server, "--timeout", "300", "--concurrency", "4", "--retries", "4"]
-    budget = ["--tasks", "1", "--max-turns", "1", "--max-tokens", "8", "--temperature", "1"]
+    budget = ["--tasks", "1", "--max-episode-steps", "1", "--max-tokens", "8", "--temperature", "1"]
     code = main(
         ["eval", *every_playable_id, *backend, *budget, "--out-dir", str(tmp_path), "--quiet"]
     )

@@ -76,9 +76,9 @@ def test_door_in_dead_end_is_invalid():
     assert info["action_valid"] is False and info["state_key"] == info_dead["state_key"]
 
 
-def test_truncation_at_default_cap():
-    env = CorridorEnv(length=3)
-    assert env.max_episode_steps == 10
+def test_truncation_at_the_cap_given():
+    assert CorridorEnv(length=3).max_episode_steps is None  # the registry holds the default
+    env = CorridorEnv(length=3, max_episode_steps=10)
     env.reset(seed=0)
     for _ in range(10):
         _, _, term, trunc, info = env.step("nothing")
@@ -131,7 +131,7 @@ def test_state_key_independent_of_path():
 
 def test_random_play_rarely_wins_optimal_always_does():
     """The env separates good policies from bad ones (what the trainer tests rely on)."""
-    env = CorridorEnv(length=4, num_doors=3)
+    env = CorridorEnv(length=4, num_doors=3, max_episode_steps=12)  # the registered cap
     rng = np.random.default_rng(0)
     wins = 0
     for ep in range(300):

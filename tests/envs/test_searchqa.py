@@ -210,7 +210,8 @@ def test_topk_is_configurable():
     assert obs.count("(Title: ") == 5
 
 
-def test_four_turns_then_truncated(env):
+def test_four_turns_then_truncated():
+    env = gym.make("AgentGym/SearchQA-Synthetic-v0")  # the registered cap: 4 turns
     obs, info = env.reset(seed=1)
     for turn in range(1, 5):
         obs, reward, terminated, truncated, info = env.step(f"search[query number {turn}]")
@@ -232,11 +233,18 @@ def test_answer_on_the_last_turn_terminates_rather_than_truncates(env):
     assert (reward, terminated, truncated) == (1.0, True, False)
 
 
-def test_max_turns_is_configurable():
-    e = SearchQAEnv(synthetic=True, max_turns=2)
+def test_max_episode_steps_is_configurable():
+    e = SearchQAEnv(synthetic=True, max_episode_steps=2)
     e.reset(seed=0)
     assert e.step("search[a]")[3] is False
     assert e.step("search[b]")[3] is True
+    assert SearchQAEnv(synthetic=True).max_episode_steps is None  # the registry holds the cap
+
+
+def test_max_turns_is_the_deprecated_name_of_the_cap():
+    with pytest.warns(DeprecationWarning, match="max_episode_steps"):
+        e = SearchQAEnv(synthetic=True, max_turns=3)
+    assert e.max_episode_steps == 3
 
 
 def test_answer_scores_exact_match_and_reports_f1(env):

@@ -257,7 +257,7 @@ def test_wrapper_invalid_action_is_not_a_move():
 
 
 def test_truncation_at_15_steps():
-    env = compact_env()
+    env = compact_env(max_episode_steps=15)  # the registered cap
     env.reset(options={"room": OPEN})
     for i in range(15):
         _, _, term, trunc, _ = env.step("up")  # blocked: the episode can only run out

@@ -393,7 +393,7 @@ def test_raw_reward_mode_and_a_partial_purchase():
 
 
 def test_step_cap_truncates():
-    env = WebShopEnv(synthetic=True)
+    env = gym.make("AgentGym/WebShop-Synthetic-v0")  # the registered cap: 15 steps
     env.reset(seed=0)
     for i in range(15):
         _, _, term, trunc, _ = env.step("search[tea]")

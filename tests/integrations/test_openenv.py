@@ -141,6 +141,23 @@ def test_round_trip_equals_local_env(env_id, make):
             assert state.done == (terminated or truncated)
 
 
+def test_a_step_after_truncation_over_the_wire_changes_nothing():
+    """A session whose episode the step cap ended answers a further step with the last
+    observation, reward 0, ``action_valid=False`` and the same flags; the state stays."""
+    kwargs = {"max_episode_steps": 2}
+    with running_server("AgentGym/Corridor-v0", env_kwargs=kwargs) as (url, _), client(url) as c:
+        door = c.reset(seed=0).observation.admissible_actions[0]
+        c.step("xyzzy")
+        end = c.step("xyzzy").observation
+        assert end.done and (end.terminated, end.truncated) == (False, True)
+        for _ in range(2):  # a door the env would take: refused, as every step after the end
+            after = c.step(door)
+            o = after.observation
+            assert (o.text, o.state_key, o.won) == (end.text, end.state_key, end.won)
+            assert after.reward == 0.0 and o.action_valid is False
+            assert after.done and (o.terminated, o.truncated) == (False, True)
+
+
 @pytest.mark.parametrize("env_id", ALL_IDS)
 def test_openenv_generic_client_plays_every_id(env_id, make):
     """OpenEnv's own GenericEnvClient (plain dicts, no agentgym code) plays every registered id.

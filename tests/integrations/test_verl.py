@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+import agentgym
 from agentgym.algorithms.advantage import compute_advantage
 from agentgym.integrations.verl import (
     AGENT_NAME,
@@ -494,3 +495,29 @@ def test_example_writes_verl_data_and_runs_the_demo(tmp_path, capsys):
     example.main(["demo", "--tasks", "1", "--group-size", "2", "--max-turns", "2"])
     lines = capsys.readouterr().out.splitlines()
     assert sum(line.strip().startswith("task0") for line in lines) == 2
+
+
+def test_agent_loop_max_episode_steps_is_the_envs_cap(rows, tokenizer):
+    """The loop option ``max_episode_steps`` caps the env (``max_turns``: its old name, warned);
+    without it the id's registered cap ends the episode."""
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+
+    from agentgym.integrations.verl import AgentGymAgentLoop
+
+    rollout = {"prompt_length": 512, "response_length": 1500, "multi_turn": {}}
+    config = DictConfigWrap(OmegaConf.create({"actor_rollout_ref": {"rollout": rollout}}))
+
+    def turns(**options) -> int:
+        server = ScriptedServer(tokenizer, lambda _: "yellow")  # never a way out: only caps end it
+        loop = AgentGymAgentLoop(
+            config, server, tokenizer, None, None, DictConfigWrap(OmegaConf.create({})),
+            fmt="plain", **options,
+        )  # fmt: skip
+        out = asyncio.run(loop.run({"temperature": 1.0}, **rows[0]))
+        return (out.num_turns - 1) // 2  # verl counts user and assistant turns
+
+    assert turns(max_episode_steps=3) == 3
+    with pytest.warns(DeprecationWarning, match="max_episode_steps"):
+        assert turns(max_turns=4) == 4
+    assert turns() == agentgym.entry(ENV_ID).max_episode_steps

@@ -135,7 +135,7 @@ def test_train_two_envs_reports_each(tmp_path):
         iterations=2,
         eval_every=2,
         eval_groups=2,
-        max_steps=3,
+        max_episode_steps=3,
         out_dir=str(tmp_path / "run"),
         progress=False,
         tensorboard=False,

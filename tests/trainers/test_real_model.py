@@ -26,7 +26,7 @@ def real_config(model, tmp_path, **overrides) -> Config:
         model=str(model),
         num_groups=2,
         group_size=2,
-        max_steps=2,
+        max_episode_steps=2,
         history_length=0,
         iterations=2,
         max_new_tokens=4,

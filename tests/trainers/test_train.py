@@ -67,7 +67,7 @@ def test_one_iteration_on_sokoban(tmp_path):
         iterations=1,
         num_groups=2,
         group_size=2,
-        max_steps=3,
+        max_episode_steps=3,
         max_new_tokens=4,
         eval_groups=2,
         eval_every=1,
@@ -78,7 +78,9 @@ def test_one_iteration_on_sokoban(tmp_path):
         kl_coef=0.01,  # exercises the frozen reference copy
         entropy_coef=0.01,
     )
-    assert config.max_steps == 3 and PRESETS["AgentGym/Sokoban-v0"]["max_steps"] == 15
+    assert (
+        config.max_episode_steps == 3 and PRESETS["AgentGym/Sokoban-v0"]["max_episode_steps"] == 15
+    )
     history = train(config)
     rec = [r for r in history if "rollout/success_rate" in r]
     assert len(rec) == 1 and ROLLOUT_KEYS <= set(rec[0])
@@ -220,11 +222,20 @@ def test_missing_tensorboard_is_reported_once(tmp_path, monkeypatch, capsys):
 
 def test_cli_parses_presets_and_overrides():
     c = parse_args(["--env", "AgentGym/Sokoban-v0", "--iterations", "2", "--advantage", "grpo"])
-    assert (c.env, c.iterations, c.advantage, c.max_steps) == ("AgentGym/Sokoban-v0", 2, "grpo", 15)
+    assert (c.env, c.iterations, c.advantage, c.max_episode_steps) == (
+        "AgentGym/Sokoban-v0",
+        2,
+        "grpo",
+        15,
+    )
     assert (c.group_size, c.num_groups, c.lr, c.history_length, c.gamma) == (8, 16, 1e-6, 2, 0.95)
     c = parse_args(["--env", "AgentGym/ALFWorld-v0", "--max-steps", "none", "--no-tensorboard",
                     "--env-kwargs", '{"synthetic": true}'])  # fmt: skip
-    assert c.max_steps is None and c.tensorboard is False and c.env_kwargs == {"synthetic": True}
+    assert (
+        c.max_episode_steps is None
+        and c.tensorboard is False
+        and c.env_kwargs == {"synthetic": True}
+    )
     with pytest.raises(TypeError, match="unknown config fields"):
         Config.for_env("AgentGym/Corridor-v0", learning_rate=1.0)
 
@@ -251,7 +262,7 @@ def test_model_given_by_path_trains_and_resumes(tmp_path):
     path = tmp_path / "saved-model"
     build_model(tok, seed=2).save_pretrained(path)
     tok.save_pretrained(path)
-    common = dict(model=str(path), num_groups=2, group_size=2, max_steps=2, max_new_tokens=4,
+    common = dict(model=str(path), num_groups=2, group_size=2, max_episode_steps=2, max_new_tokens=4,
                   eval_every=0, progress=False, tensorboard=False, plot=False,
                   checkpoint_every=1)  # fmt: skip
     config = Config.for_env(
@@ -285,7 +296,7 @@ def test_one_iteration_qwen2_5_1_5b_sized_on_gpu(tmp_path):
     (the full 15 take minutes; the whole benchmark is for ``--compare`` runs by hand),
     figures written to tmp_path."""
     result = run_benchmark(
-        "bench_gpu_iteration.py", "--max-steps", "4", "--out", str(tmp_path / "gpu.json")
+        "bench_gpu_iteration.py", "--max-episode-steps", "4", "--out", str(tmp_path / "gpu.json")
     )
     assert result["model"]["parameters"] > 1.5e9 and result["peak_gpu_memory_gib"] > 0
     assert math.isfinite(result["update_loss"]) and result["generate_tokens_per_s"] > 0
@@ -297,7 +308,7 @@ def test_gpu_iteration_benchmark_runs_on_cpu_with_a_small_model(tmp_path):
     vocabulary size, so its first run on a GPU does not find a bug the CPU run could have."""
     result = run_benchmark(
         "bench_gpu_iteration.py", "--device", "cpu", "--layers", "2", "--hidden", "64",
-        "--max-new-tokens", "3", "--num-groups", "2", "--group-size", "2", "--max-steps", "2",
+        "--max-new-tokens", "3", "--num-groups", "2", "--group-size", "2", "--max-episode-steps", "2",
         "--out", str(tmp_path / "gpu.json"),
     )  # fmt: skip
     assert result["config"]["num_groups"] == 2 and result["config"]["max_new_tokens"] == 3

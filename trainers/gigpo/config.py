@@ -24,6 +24,7 @@ import re
 import sys
 import types
 import typing
+import warnings
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,14 +77,14 @@ class Config:
     """further env ids trained in the same run (the command line: ``--env`` given again); each
     group is drawn from one env, advantages are computed within each env's groups, metrics and
     evaluation are reported per env too; each extra env takes its own preset's env settings
-    (``env_kwargs``, ``max_steps``, ``fmt``, ``history_length``, ``prompt_template``, splits)"""
+    (``env_kwargs``, ``max_episode_steps``, ``fmt``, ``history_length``, ``prompt_template``, splits)"""
     env_weights: list[float] | None = None
     """share of the ``num_groups`` groups each env gets, in ``--env`` order (``--env-weight``
     given once per env); None: equal shares. Every env gets at least one group"""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """extra constructor arguments for the env (JSON on the command line); replaces the preset's"""
-    max_steps: int | None = None
-    """episode step cap (passed to the env as ``max_episode_steps``); None keeps the env's own"""
+    max_episode_steps: int | None = None
+    """episode step cap (``gym.make``'s ``max_episode_steps``); None keeps the registered one"""
     fmt: str | None = None
     """action format the model answers in (``think_action``, ``search_answer``, ``plain``);
     None: the env family's default"""
@@ -271,10 +272,22 @@ class Config:
     plot: bool = True
     """draw the learning curve to ``<out_dir>/curve.png`` at the end (needs matplotlib)"""
 
+    @property
+    def max_steps(self) -> int | None:
+        """Deprecated name of :attr:`max_episode_steps`."""
+        _warn_old_name()
+        return self.max_episode_steps
+
+    @max_steps.setter
+    def max_steps(self, value: int | None) -> None:
+        _warn_old_name()
+        self.max_episode_steps = value
+
     @classmethod
     def for_env(cls, env: str, **overrides: Any) -> Config:
         """The config for ``env``: defaults, then the env's preset (:data:`PRESETS`: its family's
         trainer defaults and its registered step cap), then ``overrides``."""
+        overrides = _renamed(overrides)
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise TypeError(f"unknown config fields: {sorted(unknown)}")
@@ -653,10 +666,43 @@ def out_dir_problem(run_dir: Path, resume: Path | None, overwrite: bool) -> str 
     )
 
 
+#: Config fields under their old names, accepted for one release with a DeprecationWarning.
+OLD_NAMES = {"max_steps": "max_episode_steps"}
+
+
+def _warn_old_name(old: str = "max_steps") -> None:
+    warnings.warn(
+        f"Config.{old} is deprecated: use {OLD_NAMES[old]}", DeprecationWarning, stacklevel=3
+    )
+
+
+def _renamed(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with old field names (:data:`OLD_NAMES`) under their new ones, warned about;
+    a new name given too wins."""
+    values = dict(values)
+    for old, new in OLD_NAMES.items():
+        if old in values:
+            _warn_old_name(old)
+            value = values.pop(old)
+            values.setdefault(new, value)
+    return values
+
+
+_dataclass_init = Config.__init__
+
+
+def _init_accepting_old_names(self: Config, *args: Any, **kwargs: Any) -> None:
+    _dataclass_init(self, *args, **_renamed(kwargs))
+
+
+_init_accepting_old_names.__doc__ = _dataclass_init.__doc__
+Config.__init__ = _init_accepting_old_names  # type: ignore[method-assign]
+
+
 class Presets(MutableMapping[str, dict[str, Any]]):
     """``env id -> the config fields that differ from the defaults there``, read from agentgym's
     registry: the family's ``FAMILY.trainer_defaults`` (declared in its package, e.g. the
-    corridor's tiny-model setup) and, as ``max_steps``, the id's registered step cap (the
+    corridor's tiny-model setup) and, as ``max_episode_steps``, the id's registered step cap (the
     paper's: ALFWorld 50, WebShop 15, Sokoban 15, search QA 4 turns), so no cap is stated twice.
     ``PRESETS[id] = {...}`` sets one for an id of your own; each read is a fresh copy.
     """
@@ -678,7 +724,7 @@ class Presets(MutableMapping[str, dict[str, Any]]):
         # a copy: a config must never share the preset's env_kwargs dict with the next one
         preset = copy.deepcopy(dict(spec.trainer_defaults)) if spec is not None else {}
         if registered.max_episode_steps is not None:
-            preset["max_steps"] = registered.max_episode_steps  # the registry's cap, not a copy
+            preset["max_episode_steps"] = registered.max_episode_steps  # the registry's, no copy
         return preset
 
     def __setitem__(self, env: str, preset: dict[str, Any]) -> None:
@@ -807,7 +853,24 @@ def build_parser() -> argparse.ArgumentParser:
             )
         else:
             parser.add_argument(flag, dest=f.name, type=conv, help=help_text)
+    for old, new in OLD_NAMES.items():  # accepted for one release, not shown in --help
+        parser.add_argument(
+            "--" + old.replace("_", "-"),
+            dest=new,
+            type=_parser_type(hints[new])[0],
+            action=_OldFlag,
+            help=argparse.SUPPRESS,
+        )
     return parser
+
+
+class _OldFlag(argparse.Action):
+    """A flag's old name: stores under the new one and says so in one line on stderr."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        new = "--" + self.dest.replace("_", "-")
+        print(f"{PROG}: warning: {option} is deprecated: use {new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def parse_args(argv: list[str] | None = None, notes: list[str] | None = None) -> Config:
@@ -833,7 +896,10 @@ def parse_args(argv: list[str] | None = None, notes: list[str] | None = None) ->
         else:
             notes.extend(skipped)
         names = {f.name for f in dataclasses.fields(Config)}
-        saved = {k: v for k, v in read_config(checkpoint).items() if k in names}
+        with warnings.catch_warnings():  # a run saved under an old name: nothing to warn about
+            warnings.simplefilter("ignore", DeprecationWarning)
+            saved = _renamed(read_config(checkpoint))
+        saved = {k: v for k, v in saved.items() if k in names}
         for name in RUN_FIELDS:
             saved.pop(name, None)
         given["resume"] = str(checkpoint)

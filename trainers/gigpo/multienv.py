@@ -26,7 +26,7 @@ from trainers.gigpo.rollout import RolloutBatch, collect, rows_from
 #: Config fields that describe one env; an extra env takes them from its own preset.
 ENV_FIELDS = (
     "env_kwargs",
-    "max_steps",
+    "max_episode_steps",
     "fmt",
     "history_length",
     "prompt_template",

@@ -347,8 +347,8 @@ def save_checkpoint(
 
 def _env_kwargs(config: Config) -> dict[str, Any]:
     kwargs = dict(config.env_kwargs)
-    if config.max_steps is not None:
-        kwargs.setdefault("max_episode_steps", config.max_steps)
+    if config.max_episode_steps is not None:
+        kwargs.setdefault("max_episode_steps", config.max_episode_steps)
     return kwargs
 
 

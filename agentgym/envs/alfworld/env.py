@@ -69,7 +69,8 @@ class ALFWorldEnv(TextEnv):
             ...})`` switches split.
         task_types: subset of the six task types, by name or by alfworld's ids 1..6; None
             keeps all.
-        max_episode_steps: step cap (truncation); verl-agent uses 50.
+        max_episode_steps: step cap (truncation; None: none); the registered ids use 50, as
+            verl-agent.
         reward_scale: the reward of the winning step (verl-agent's 10 x won); every other step
             gives 0. ``info["score"]`` is 1.0 once won, else 0.0 (alfworld's own score).
         expert: put ``info["expert_action"]`` (see :meth:`expert_action`) in every info:
@@ -135,7 +136,7 @@ class ALFWorldEnv(TextEnv):
         data_root: str | os.PathLike[str] | None = None,
         split: str = "train",
         task_types: Iterable[int | str] | None = None,
-        max_episode_steps: int | None = 50,
+        max_episode_steps: int | None = None,
         reward_scale: float = 10.0,
         expert: bool | str = False,
         synthetic: bool = False,

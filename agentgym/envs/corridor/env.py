@@ -61,8 +61,9 @@ class CorridorEnv(TextEnv):
     whitespace-insensitive.
 
     **Reward.** ``goal_reward`` (10) on passing the last room's right door, which terminates
-    the episode (``won=True``); minus ``step_cost`` (default 0) on every step. The step cap
-    ``max_episode_steps`` defaults to ``2 * length + 4``: enough to recover from two wrong turns.
+    the episode (``won=True``); minus ``step_cost`` (default 0) on every step. ``max_episode_steps`` caps the episode
+    (None: no cap; the registered id's cap is ``2 * length + 4`` at the default length, enough to
+    recover from two wrong turns).
 
     **state_key** ``(layout_id, split, room, in_dead_end)``: the room index and whether the agent
     stands in that room's dead end; all wrong doors of a room lead to the same dead end.
@@ -101,10 +102,7 @@ class CorridorEnv(TextEnv):
                 "disjoint_splits needs hint=True: without the hint a room's text does not "
                 "depend on the layout, so held-out and train texts cannot differ"
             )
-        super().__init__(
-            max_episode_steps=2 * length + 4 if max_episode_steps is None else max_episode_steps,
-            render_mode=render_mode,
-        )
+        super().__init__(max_episode_steps=max_episode_steps, render_mode=render_mode)
         self.length = length
         self.num_doors = num_doors
         self.hint = hint

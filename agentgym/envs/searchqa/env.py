@@ -6,6 +6,7 @@ import functools
 import os
 import re
 import threading
+import warnings
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
@@ -214,7 +215,8 @@ class SearchQAEnv(TextEnv):
     brackets, an empty query, another verb) is invalid: the observation gives the format,
     ``info["action_valid"] = False``, the state is unchanged, and the turn is spent.
 
-    **Episodes.** At most ``max_turns`` actions (4, the GiGPO paper's setting); if none of them
+    **Episodes.** At most ``max_episode_steps`` actions (the registered ids' cap is 4, the GiGPO
+    paper's setting; built directly, no cap unless given); if none of them
     answered, the episode is truncated with reward 0. An answer terminates it with reward
     ``reward_scale`` x exact match (Search-R1's normalisation, against any golden answer).
 
@@ -246,8 +248,10 @@ class SearchQAEnv(TextEnv):
         synthetic: play the generated knowledge base (``info["synthetic"] = True``).
         kb_seed: which synthetic knowledge base.
         topk: passages per search (Search-R1's default 3).
-        max_turns: actions per episode, then truncation (4 in the GiGPO paper's search setting;
-            Search-R1's training scripts use ``max_turns=2`` searches plus a final answer turn).
+        max_episode_steps: actions per episode, then truncation (None: no cap; 4 in the GiGPO
+            paper's search setting; Search-R1's training scripts use 2 searches plus a final
+            answer turn, i.e. 3).
+        max_turns: deprecated name of ``max_episode_steps``.
         reward_scale: reward of a correct answer (exact match 1.0 -> ``reward_scale``).
 
     Tasks: ``reset(seed=s)`` draws a question with ``self.np_random``; ``options={"task": i}``
@@ -258,7 +262,7 @@ class SearchQAEnv(TextEnv):
     the answer and its scores. The questions and the retriever are shared by every env of the
     process and never copied; a restore never searches. Identity: ``synthetic`` and
     ``kb_seed``, the question file and the retriever (path or URL, or the retriever object's
-    class), ``topk``, ``reward_scale`` and ``max_turns``; a restore also checks that the row
+    class), ``topk`` and ``reward_scale``; a restore also checks that the row
     holds the same question id. Two states with equal ``state_key`` step alike; only the order
     of ``suggested_actions`` (titles in retrieval order) may differ.
     """
@@ -276,19 +280,27 @@ class SearchQAEnv(TextEnv):
         synthetic: bool = False,
         kb_seed: int = 0,
         topk: int = 3,
-        max_turns: int = 4,
+        max_episode_steps: int | None = None,
         reward_scale: float = 1.0,
         render_mode: str | None = None,
+        max_turns: int | None = None,
     ):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if max_turns is not None:
+            warnings.warn(
+                "SearchQAEnv(max_turns=...) is deprecated: use max_episode_steps=...",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            if max_episode_steps is None:
+                max_episode_steps = max_turns
+        if max_episode_steps is not None and max_episode_steps < 1:
+            raise ValueError(f"max_episode_steps must be >= 1 or None, got {max_episode_steps}")
         if topk < 1:
             raise ValueError(f"topk must be >= 1, got {topk}")
-        super().__init__(max_episode_steps=max_turns, render_mode=render_mode)
+        super().__init__(max_episode_steps=max_episode_steps, render_mode=render_mode)
         self.synthetic = bool(synthetic)
         self.kb_seed = int(kb_seed)
         self.topk = int(topk)
-        self.max_turns = int(max_turns)
         self.reward_scale = float(reward_scale)
         if self.synthetic:
             self.data = None

@@ -216,7 +216,8 @@ class SokobanEnv(TextEnv):
 
     **Reward** (gym-sokoban's): -0.1 every step, +1 when a push puts a box on a target, -1 when
     it takes one off, +10 when every box is on a target, which terminates the episode
-    (``won=True``). ``max_episode_steps`` (default 15, verl-agent's setting) truncates.
+    (``won=True``). ``max_episode_steps`` truncates (None: no cap; the registered 6x6 id's is
+    15, verl-agent's setting).
 
     **state_key** ``(room_id, player, *boxes)``: ints; ``room_id`` is a 64-bit hash of the
     fixed layout (walls and targets), ``player`` and the sorted ``boxes`` are flat cells
@@ -245,7 +246,7 @@ class SokobanEnv(TextEnv):
         self,
         dim_room: tuple[int, int] = (6, 6),
         num_boxes: int = 1,
-        max_episode_steps: int | None = 15,
+        max_episode_steps: int | None = None,
         num_gen_steps: int | None = None,
         render_mode: str | None = None,
         room_cache: str | os.PathLike | RoomCache | None = None,

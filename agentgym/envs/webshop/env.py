@@ -148,7 +148,7 @@ class WebShopEnv(TextEnv):
         split: default split of ``reset``.
         reward_mode: ``"success"`` (``success_reward`` on a win, else 0) or ``"raw"``.
         success_reward: the winning reward in ``"success"`` mode.
-        max_episode_steps: step cap (verl-agent uses 15).
+        max_episode_steps: step cap (None: none; the registered ids use 15, as verl-agent).
         show_attrs: show the item page's ``Attributes`` button (WebShop's ``show_attrs``).
         search_anywhere: accept ``search[...]`` on every page, as WebShop's text env does.
         noun_extractor: title-noun extractor of the reward; default the process-wide
@@ -173,7 +173,7 @@ class WebShopEnv(TextEnv):
         split: str = "train",
         reward_mode: Literal["success", "raw"] = "success",
         success_reward: float = 10.0,
-        max_episode_steps: int | None = 15,
+        max_episode_steps: int | None = None,
         show_attrs: bool = False,
         search_anywhere: bool = True,
         noun_extractor: NounExtractor | None = None,
