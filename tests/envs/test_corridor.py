@@ -200,7 +200,11 @@ def test_preset_test_prompts_never_occur_in_training(history_length):
 
 
 def test_disjoint_splits_texts_and_layouts():
-    env = CorridorEnv(length=3, num_doors=4, list_doors=False, disjoint_splits=True)
+    # a built env has no cap of its own (the registry's is the only one): give it one, so the
+    # random episodes below end
+    env = CorridorEnv(
+        length=3, num_doors=4, list_doors=False, disjoint_splits=True, max_episode_steps=10
+    )
     train, test = env.split_texts("train"), env.split_texts("test")
     assert len(train) == len(test) == 18 and not train & test
     assert env.split_texts("valid") == test  # valid and test draw from the held-out half
