@@ -49,7 +49,6 @@ from typing import Any
 import gymnasium as gym
 
 from agentgym.core import INFO_KEYS, ResetOptionError, describe_action
-from agentgym.extras import missing_extra
 
 try:
     from openenv.core.client_types import StepResult
@@ -57,7 +56,9 @@ try:
     from openenv.core.env_server.interfaces import Environment
     from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 except ImportError as exc:  # one line naming the extra, not a traceback into openenv
-    raise missing_extra("agentgym.integrations.openenv", "openenv", "openenv") from exc
+    from agentgym.integrations.openenv_cli import missing_openenv
+
+    raise missing_openenv("agentgym.integrations.openenv") from exc
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 

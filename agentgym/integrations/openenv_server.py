@@ -52,7 +52,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from agentgym.core import ResetOptionError, describe_action
-from agentgym.extras import missing_extra
 
 try:
     from openenv.core.env_server.http_server import HTTPEnvServer
@@ -65,7 +64,9 @@ try:
         WSStepMessage,
     )
 except ImportError as exc:  # one line naming the extra, not a traceback into openenv
-    raise missing_extra("agentgym serve", "openenv", "openenv") from exc
+    from agentgym.integrations.openenv_cli import missing_openenv
+
+    raise missing_openenv("agentgym serve") from exc
 
 from agentgym.integrations.openenv import (
     AgentGymAction,

@@ -1002,3 +1002,30 @@ def test_import_agentgym_never_imports_openenv_and_the_guard_names_the_extra():
     ).stdout.splitlines()
     assert len(out) == 2
     assert all('pip install "agentgym-envs[openenv]"' in line for line in out), out
+
+
+def test_openenv_core_shadowing_openenv_is_named_in_the_error(tmp_path):
+    """openenv-core (an older OpenEnv) installs the same ``openenv`` module; where it is the one
+    installed, the error names it and how to replace it, not just "install openenv"."""
+    site = tmp_path / "site"
+    (site / "openenv").mkdir(parents=True)
+    (site / "openenv" / "__init__.py").write_text("")  # no openenv.core.env_server...
+    info = site / "openenv_core-0.3.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: openenv-core\nVersion: 0.3.0\n")
+    code = (
+        "for name in ('openenv', 'openenv_server'):\n"
+        "    try:\n"
+        "        __import__('agentgym.integrations.' + name)\n"
+        "    except ImportError as exc:\n"
+        "        print(exc)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(agentgym.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), root]))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2, (out.stdout, out.stderr[-2000:])
+    assert all("openenv-core 0.3.0" in line for line in lines), lines
+    assert all("pip uninstall -y openenv-core" in line for line in lines), lines
