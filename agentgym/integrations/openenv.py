@@ -56,7 +56,7 @@ try:
     from openenv.core.env_server.interfaces import Environment
     from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 except ImportError as exc:  # one line naming the extra, not a traceback into openenv
-    from agentgym.integrations.openenv_cli import missing_openenv
+    from agentgym.integrations._openenv_missing import missing_openenv
 
     raise missing_openenv("agentgym.integrations.openenv") from exc
 

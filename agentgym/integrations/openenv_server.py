@@ -64,7 +64,7 @@ try:
         WSStepMessage,
     )
 except ImportError as exc:  # one line naming the extra, not a traceback into openenv
-    from agentgym.integrations.openenv_cli import missing_openenv
+    from agentgym.integrations._openenv_missing import missing_openenv
 
     raise missing_openenv("agentgym serve") from exc
 
@@ -245,9 +245,12 @@ class _WebSocketGuard:
             logger.debug("refused client hung up: %s", exc)
 
 
-async def _linger_then_close(receive: Any, send: Any, linger_s: float) -> None:
+async def _linger_then_close(
+    receive: Any, send: Any, linger_s: float, close: dict | None = None
+) -> None:
     """Wait up to ``linger_s`` for the client's first frame (so it reads the error sent before
-    it, instead of racing the close), then close with 1013 (try again later)."""
+    it, instead of racing the close), then close: with ``close`` (a close message), or 1013
+    (try again later)."""
     message = {"type": "websocket.receive"}
     try:
         async with asyncio.timeout(linger_s):
@@ -255,7 +258,7 @@ async def _linger_then_close(receive: Any, send: Any, linger_s: float) -> None:
     except TimeoutError:
         pass
     if message["type"] != "websocket.disconnect":
-        await send({"type": "websocket.close", "code": 1013})
+        await send(close or {"type": "websocket.close", "code": 1013})
 
 
 class _Connection:
@@ -314,7 +317,9 @@ class _Connection:
             self._admitted()
             self.gone = True
             try:
-                await _linger_then_close(self._receive, self._send, self.guard.refusal_linger_s)
+                await _linger_then_close(
+                    self._receive, self._send, self.guard.refusal_linger_s, message
+                )
             except OSError as exc:
                 self._hung_up("refused client hung up", exc)
             return

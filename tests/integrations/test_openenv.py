@@ -731,13 +731,14 @@ def test_an_oversized_or_overfull_frame_is_refused_briefly_and_blocks_no_one():
                 bad.send(frame)
                 # while the server takes the frame in: others are served at once
                 other.send(json.dumps({"type": "step", "data": {"text": "up"}}))
-                assert json.loads(other.recv(timeout=3))["type"] == "observation"
+                assert json.loads(other.recv(timeout=10))["type"] == "observation"
                 assert http.get("/health").status_code == 200
-                with ws_connect(ws_url, open_timeout=3) as newcomer:
+                with ws_connect(ws_url, open_timeout=10) as newcomer:
                     newcomer.send(json.dumps({"type": "state"}))
-                    assert json.loads(newcomer.recv(timeout=3))["type"] == "state"
+                    assert json.loads(newcomer.recv(timeout=10))["type"] == "state"
                 raw = bad.recv(timeout=10)
-                assert time.monotonic() - t0 < 5
+                # (unchecked, such a frame held the event loop for tens of seconds)
+                assert time.monotonic() - t0 < 10
                 assert len(raw) < 600, raw[:600]  # the reason, not the frame
                 answer = json.loads(raw)
                 assert answer["type"] == "error" and words in answer["data"]["message"], answer
