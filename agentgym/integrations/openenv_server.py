@@ -420,9 +420,10 @@ _MCP_ACTION_TYPES = frozenset({"list_tools", "call_tool"})
 def _check_frame(text: str, jsonrpc: bool) -> tuple[str | None, str, str | None]:
     """(the error frame answering ``text`` or None, the text to pass on, its message type).
 
-    Pure and thread-safe: the guard calls it in a worker thread for long frames. The text is
-    parsed once here; what passes is a frame OpenEnv's handler answers without failing and
-    without echoing it at length.
+    Pure and thread-safe: the guard calls it in a worker thread for long frames. One parse and
+    one walk (values, depth and surrogates together) serve every check; OpenEnv's handler parses
+    again only a frame that passed, which is bounded in size and values, and which it answers
+    without failing and without echoing it at length.
     """
     try:
         value = json.loads(text)
