@@ -145,7 +145,9 @@ class _WebSocketGuard:
     - A client that hangs up, even mid-step, is normal: later sends to it are dropped and the
       hang-up is one debug line per connection, never a traceback.
     - HTTP: a body longer than :data:`MAX_MESSAGE_BYTES` is answered 413 before it is
-      buffered; a ``POST /mcp`` whose ``session_id`` is not a string is answered 422.
+      buffered; a ``POST /mcp`` JSON-RPC request that is not valid (its fields, a ``session_id``
+      that is not a string, more than :data:`MAX_FRAME_VALUES` values) is answered 422 with a
+      short JSON-RPC error.
     """
 
     #: how long a refused connection stays open so that the client's first message reads the
@@ -200,8 +202,9 @@ class _WebSocketGuard:
         body = b"".join(chunks)
         del chunks
         mcp = scope.get("method") == "POST" and scope.get("path", "").rstrip("/").endswith("/mcp")
-        # only a \u escape can spell a lone surrogate; only a session_id can be of a wrong type
-        if b"\\u" in body or (mcp and b"session_id" in body):
+        # only a \u escape can spell a lone surrogate; a JSON-RPC request is checked in full
+        # (OpenEnv's answer to a bad one lists every problem, each key of it included)
+        if b"\\u" in body or (mcp and body):
             if len(body) > _INLINE_PARSE_CHARS:
                 body, problem = await asyncio.to_thread(_checked_body, body, mcp)
             else:
@@ -523,15 +526,15 @@ def _checked_body(body: bytes, mcp: bool) -> tuple[bytes, dict | None]:
     except (ValueError, RecursionError):
         return body, None
     problem, surrogates = _walk(value)
-    if problem is not None:
-        return body, {"detail": problem}
-    if mcp and isinstance(value, dict):
+    if problem is None and mcp and isinstance(value, dict):
         problem = _rpc_problem(value)
-        if problem is not None:
-            request_id = value.get("id")
-            request_id = request_id if isinstance(request_id, (str, int)) else None
-            error = {"code": -32602 if "params" in problem else -32600, "message": problem}
-            return body, {"jsonrpc": "2.0", "error": error, "id": request_id}
+    if problem is not None:
+        if not mcp:
+            return body, {"detail": problem}
+        request_id = value.get("id") if isinstance(value, dict) else None
+        request_id = request_id if isinstance(request_id, (str, int)) else None
+        error = {"code": -32602 if "Invalid params" in problem else -32600, "message": problem}
+        return body, {"jsonrpc": "2.0", "error": error, "id": request_id}
     if not surrogates:
         return body, None
     return json.dumps(json_safe(value)).encode(), None

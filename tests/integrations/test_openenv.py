@@ -771,6 +771,11 @@ def test_errors_never_echo_a_long_input():
         assert answer.status_code == 422 and len(answer.text) < 1000, answer.text[:300]
         answer = http.post("/reset", json={"seed": long})
         assert answer.status_code == 422 and len(answer.text) < 1000, answer.text[:300]
+        request = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+        for bad in ({**request, **{f"k{i}": 0 for i in range(5000)}}, {**request, "id": [long]}):
+            answer = http.post("/mcp", json=bad)
+            assert answer.status_code == 422 and len(answer.text) < 1000, answer.text[:300]
+            assert answer.json()["error"]["code"] == -32600
 
 
 def test_a_number_too_long_to_read_is_an_error_and_the_session_keeps_serving():
