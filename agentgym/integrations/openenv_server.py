@@ -366,6 +366,11 @@ class _Connection:
         if size > MAX_MESSAGE_BYTES:
             return _error_frame(_too_long(size, "message"), self.jsonrpc), message, None
         if size > _INLINE_PARSE_CHARS:
+            # a lower bound on the values, counted without parsing: every string has two
+            # unescaped quotes and at most every other value is a key's string
+            strings = (text.count('"') - text.count('\\"')) // 2
+            if strings // 2 > MAX_FRAME_VALUES:
+                return _error_frame(_too_many_values(), self.jsonrpc), message, None
             answer, text, kind = await asyncio.to_thread(_check_frame, text, self.jsonrpc)
         else:
             answer, text, kind = _check_frame(text, self.jsonrpc)
@@ -559,10 +564,7 @@ def _walk(value: Any) -> tuple[str | None, bool]:
         item, level = stack.pop()
         count += 1
         if count > MAX_FRAME_VALUES:
-            return (
-                f"message holds more than {MAX_FRAME_VALUES} JSON values; send one action or "
-                "reset per message"
-            ), surrogates
+            return _too_many_values(), surrogates
         if isinstance(item, dict):
             if level > MAX_FRAME_DEPTH:
                 return _too_deep(), surrogates
@@ -588,6 +590,13 @@ def _has_surrogate(text: str) -> bool:
 
 def _too_deep() -> str:
     return f"message nested deeper than {MAX_FRAME_DEPTH} levels of arrays and objects"
+
+
+def _too_many_values() -> str:
+    return (
+        f"message holds more than {MAX_FRAME_VALUES} JSON values; send one action or reset "
+        "per message"
+    )
 
 
 def _too_long(size: int, what: str) -> str:

@@ -726,7 +726,12 @@ def test_an_oversized_or_overfull_frame_is_refused_briefly_and_blocks_no_one():
             assert json.loads(other.recv(timeout=10))["type"] == "observation"
             bad.send(json.dumps({"type": "reset", "data": {"seed": 2}}))
             bad.recv(timeout=10)
-            for frame, words in [(huge, "longer than the server's limit"), (full, "JSON values")]:
+            cases = [
+                (huge, "longer than the server's limit"),  # refused by its length
+                (_many_keys(3 * MAX_FRAME_VALUES), "JSON values"),  # by its quotes, unparsed
+                (full, "JSON values"),  # parsed (in a worker thread), then counted
+            ]
+            for frame, words in cases:
                 t0 = time.monotonic()
                 bad.send(frame)
                 # while the server takes the frame in: others are served at once
