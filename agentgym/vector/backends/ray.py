@@ -173,8 +173,8 @@ def _join_failed(address: str, exc: BaseException) -> str:
     """Why joining the Ray cluster at ``address`` failed, most likely, and what to do.
 
     Recent Ray (2.60 among them) authenticates with a token: a cluster started by ``ray.init()``
-    turns it on by default, and ``ray start --head`` does when a token file exists. A driver joining
-    such a cluster at an explicit address does not turn it on by itself (only ``address="auto"``
+    turns it on by default, and ``ray start --head`` does when a token file exists. A driver
+    joining such a cluster at an explicit address does not turn it on by itself (only ``"auto"``
     does, and only when it finds a token), and the cluster then refuses it after Ray's
     connection retries, with a ``ConnectionError`` that does not say why.
     """
@@ -192,8 +192,8 @@ def _join_failed(address: str, exc: BaseException) -> str:
             "if the cluster uses token authentication (a cluster started by ray.init() does by "
             "default in recent Ray, and `ray start --head` does when a token file exists), set "
             "RAY_AUTH_MODE=token on this machine before Ray is imported and give it the "
-            "cluster's token (copy the head "
-            "node's ~/.ray/auth_token here, or set RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN); "
+            "cluster's token (copy the head node's ~/.ray/auth_token here, or set "
+            "RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN); "
             "otherwise check that the address is the cluster's GCS address (head-node-ip:6379) "
             "and reachable from here"
         )
