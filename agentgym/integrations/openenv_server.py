@@ -122,10 +122,10 @@ class _WebSocketGuard:
     - A new connection beyond the session bound is refused here: accepted, sent a
       ``CAPACITY_REACHED`` error, closed (1013, "try again later") after the client's first
       frame. OpenEnv refuses too, but closes at once, so a client's first send races the close
-      and it often sees a bare "connection closed" instead of the reason. Connections let
-      through count against the bound from that moment (before OpenEnv makes their session),
-      so a burst of connects is refused here too; should OpenEnv refuse one all the same (a
-      session made over HTTP raced it), its error is still read before the close. A
+      and it often sees a bare "connection closed" instead of the reason. Connections that
+      come in a burst all pass this check before any of their sessions counts; OpenEnv refuses
+      those beyond the bound, and the guard holds each such refusal open, in its own words,
+      until the client has read it. A
       connection that attaches to an existing session (``?session_id=``, as ``MCPToolClient``
       does) takes no new slot and is let through.
     - Every frame is checked before OpenEnv sees it, cheapest check first: its length
@@ -160,8 +160,6 @@ class _WebSocketGuard:
         self.app = app
         self.server = server
         self.session_timeout = session_timeout
-        #: connections let through whose session OpenEnv has not made yet: they hold a slot
-        self.admitting = 0
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -172,11 +170,10 @@ class _WebSocketGuard:
             return
         jsonrpc = scope.get("path", "").rstrip("/").endswith("/mcp")
         attaches = b"session_id=" in scope.get("query_string", b"")
-        taken = self.server.active_sessions + self.admitting
-        if not attaches and taken >= self.server.max_concurrent_envs:
+        if not attaches and self.server.active_sessions >= self.server.max_concurrent_envs:
             await self._refuse(receive, send, jsonrpc)
             return
-        await _Connection(self, receive, send, jsonrpc, admitting=not attaches).serve(scope)
+        await _Connection(self, receive, send, jsonrpc).serve(scope)
 
     async def _http(self, scope: dict, receive: Any, send: Any) -> None:
         """Pass an HTTP request on, bounded in size, with lone surrogates in its JSON replaced.
@@ -227,25 +224,21 @@ class _WebSocketGuard:
         """Accept, send the capacity error, wait for the client's first frame, close (1013)."""
         if (await receive())["type"] != "websocket.connect":
             return
-        active, limit = (
-            self.server.active_sessions + self.admitting,
-            self.server.max_concurrent_envs,
-        )
+        try:
+            await send({"type": "websocket.accept"})
+            await send({"type": "websocket.send", "text": self.capacity_error(jsonrpc)})
+            await _linger_then_close(receive, send, self.refusal_linger_s)
+        except OSError as exc:  # the refused client hung up first
+            logger.debug("refused client hung up: %s", exc)
+
+    def capacity_error(self, jsonrpc: bool) -> str:
+        """The error frame refusing a session because all ``--max-sessions`` are taken."""
+        active, limit = self.server.active_sessions, self.server.max_concurrent_envs
         problem = (
             f"Server at capacity: {min(active, limit)}/{limit} sessions active; close a session "
             "or start the server with a larger --max-sessions"
         )
-        try:
-            await send({"type": "websocket.accept"})
-            await send(
-                {
-                    "type": "websocket.send",
-                    "text": _error_frame(problem, jsonrpc, "CAPACITY_REACHED"),
-                }
-            )
-            await _linger_then_close(receive, send, self.refusal_linger_s)
-        except OSError as exc:  # the refused client hung up first
-            logger.debug("refused client hung up: %s", exc)
+        return _error_frame(problem, jsonrpc, "CAPACITY_REACHED")
 
 
 async def _linger_then_close(
@@ -267,9 +260,7 @@ async def _linger_then_close(
 class _Connection:
     """One WebSocket connection between its client and OpenEnv's handler (see the guard)."""
 
-    def __init__(
-        self, guard: _WebSocketGuard, receive: Any, send: Any, jsonrpc: bool, admitting: bool
-    ):
+    def __init__(self, guard: _WebSocketGuard, receive: Any, send: Any, jsonrpc: bool):
         self.guard = guard
         self._receive = receive
         self._send = send
@@ -279,16 +270,7 @@ class _Connection:
         self.pending: asyncio.Task | None = None  # a receive() still waiting for the client
         self.last_activity = time.monotonic()
         self.active = False  # the last frame passed to OpenEnv was activity
-        self.receives = 0  # calls of receive() by OpenEnv's handler
-        self.admitting = admitting  # holds one of the guard's admission slots
-        if admitting:
-            guard.admitting += 1
-
-    def _admitted(self) -> None:
-        """Give back the admission slot: OpenEnv's session now counts (or was never made)."""
-        if self.admitting:
-            self.admitting = False
-            self.guard.admitting -= 1
+        self.receives = 0  # calls of receive() by OpenEnv's handler (the 1st: the handshake)
 
     def _hung_up(self, what: str, exc: BaseException) -> None:
         self.gone = True
@@ -306,18 +288,25 @@ class _Connection:
                 raise
             self._hung_up("client hung up", exc)
         finally:
-            self._admitted()
             if self.pending is not None and not self.pending.done():
                 self.pending.cancel()
 
     async def send(self, message: dict) -> None:
         if self.gone:
             return  # the client is gone: an answer to it has nowhere to go
+        if self.receives < 2 and message["type"] == "websocket.send":
+            # OpenEnv answers before asking for a first frame only to refuse the session; a
+            # refusal for capacity (connections that came in a burst, all let through by the
+            # guard before any of their sessions counted) gets the guard's words
+            if _is_capacity_refusal(message.get("text")):
+                message = {
+                    "type": "websocket.send",
+                    "text": self.guard.capacity_error(self.jsonrpc),
+                }
         if message["type"] == "websocket.close" and self.receives < 2:
             # OpenEnv closes before asking for a first frame: it refused to make the session
             # (capacity, a failing env factory) and sent the reason just before; let the client
             # read it before the close, as the guard's own refusal does
-            self._admitted()
             self.gone = True
             try:
                 await _linger_then_close(
@@ -335,8 +324,6 @@ class _Connection:
 
     async def receive(self) -> dict:
         self.receives += 1
-        if self.receives == 2:  # after accept(): OpenEnv has made (or refused) the session
-            self._admitted()
         while True:
             message = await self._next_message()
             if message["type"] == "websocket.disconnect":
@@ -423,6 +410,23 @@ _MESSAGE_MODELS: dict[str, type[BaseModel]] = {
 }
 #: step payloads OpenEnv reads as MCP actions instead of the env's action
 _MCP_ACTION_TYPES = frozenset({"list_tools", "call_tool"})
+
+
+def _is_capacity_refusal(text: str | None) -> bool:
+    """Whether ``text`` is OpenEnv's refusal of a session at capacity (in either dialect)."""
+    if not text or "sessions" not in text:
+        return False
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    if not isinstance(value, dict):
+        return False
+    data = value.get("data") if value.get("type") == "error" else (value.get("error") or {})
+    if not isinstance(data, dict):
+        return False
+    details = data.get("data") if isinstance(data.get("data"), dict) else data
+    return data.get("code") == "CAPACITY_REACHED" or "max_sessions" in details
 
 
 def _check_frame(text: str, jsonrpc: bool) -> tuple[str | None, str, str | None]:
