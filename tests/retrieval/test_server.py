@@ -833,3 +833,36 @@ def test_fixed_batch_never_caps(bm25, questions):
         _varied_searches(running.url, questions)
         health = httpx.get(running.url + "/health").json()
     assert health["adaptive_batch"] is False and health["batch_cap"] == 512
+
+
+def test_a_client_that_never_reads_its_answer_is_dropped_at_the_timeout(bm25, questions):
+    """A client that sends a request and never reads the (large) answer holds no socket and no
+    answer in memory past ``client_timeout_s``: the server drops it then (it used to keep it
+    until the client read every byte, which a stuck client never does)."""
+    app = create_app(bm25, client_timeout_s=1.0)
+    body = json.dumps({"queries": (questions * 7)[:600], "topk": 100}).encode()
+    with serve_in_thread(app) as running:
+        sock = socket.create_connection(("127.0.0.1", _port(running.url)))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the answer stays server-side
+        sock.sendall(
+            b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        deadline = time.monotonic() + WAIT_S
+        while health(running.url)["queries"] < 600:  # the answer is ready and handed over
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(3.0)  # past the 1 s timeout
+        received, reset = b"", False
+        sock.settimeout(WAIT_S)
+        try:
+            while chunk := sock.recv(1 << 20):
+                received += chunk
+        except ConnectionResetError:
+            reset = True
+        sock.close()
+        head, _, answer = received.partition(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]) if head else 0
+        assert reset or len(answer) < length, (len(answer), length)
+        # and everyone else is served as usual
+        assert httpx.post(running.url + "/retrieve", json={"queries": ["a"]}).status_code == 200

@@ -3,10 +3,14 @@ single-env wrappers, compact space reprs, clear errors, and a Ray it starts bein
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -228,35 +232,105 @@ sys.stdin.read()  # stays up until the test closes stdin
 """
 
 
-@pytest.mark.slow
-def test_ray_address_joins_a_running_cluster_and_leaves_it_running():
-    ray = pytest.importorskip("ray")
-    if ray.is_initialized():
-        ray.shutdown()
-    # the cluster: started by another driver, as `ray start --head` would on a head node
+@contextlib.contextmanager
+def _token_cluster(home: Path) -> Iterator[tuple[str, str]]:
+    """A one-CPU Ray cluster with token authentication, started by another driver (as
+    ``ray start --head`` would on a head node); yields (its GCS address, its token).
+
+    The token is explicit (``RAY_AUTH_TOKEN``) and ``HOME`` a fresh folder, so the cluster and
+    the drivers that join it never read or write a token file of this machine's user.
+    """
+    token = secrets.token_hex(16)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, HOME=str(home))
     head = subprocess.Popen(
-        [sys.executable, "-c", _HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", _HEAD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     try:
         address = head.stdout.readline().strip()
         assert address, "the head driver did not start Ray"
-        vec = GroupVectorEnv(
-            ENV,
-            1,
-            2,
-            backend="ray",
-            num_workers=1,
-            ray_address=address,
-            ray_options={"num_cpus": 0},
-        )
-        assert ray.is_initialized()
-        assert ray.get_runtime_context().gcs_address == address
-        vec.reset(seed=0)
-        vec.close()
-        assert not ray.is_initialized()  # this driver left the cluster...
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
-        assert ray.cluster_resources().get("CPU") == 1  # ...which is still up
-        ray.shutdown()
+        yield address, token
     finally:
         head.stdin.close()
         head.wait(timeout=60)
+
+
+_JOIN = """
+import ray, sys
+from agentgym.vector import GroupVectorEnv
+address = sys.argv[1]
+vec = GroupVectorEnv(
+    "AgentGym/Corridor-v0", 1, 2, backend="ray", num_workers=1, ray_address=address,
+    ray_options={"num_cpus": 0},
+)
+assert ray.is_initialized()
+assert ray.get_runtime_context().gcs_address == address
+vec.reset(seed=0)
+vec.close()
+assert not ray.is_initialized()  # this driver left the cluster...
+ray.init(address=address, log_to_driver=False, configure_logging=False)
+assert ray.cluster_resources().get("CPU") == 1  # ...which is still up
+ray.shutdown()
+print("JOINED AND LEFT", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_ray_address_joins_a_running_cluster_and_leaves_it_running(tmp_path):
+    """Joining a token-authenticated cluster (Ray's default for a cluster ray.init() starts)
+    with the token given on the driver. The driver is its own process with its own
+    environment: Ray reads RAY_AUTH_MODE when it is loaded, so in this process the outcome
+    would depend on whether an earlier test's ray.init() had set it."""
+    pytest.importorskip("ray")
+    assert ENV == "AgentGym/Corridor-v0"
+    with _token_cluster(tmp_path) as (address, token):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        env.update(HOME=str(tmp_path), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
+        out = subprocess.run(
+            [sys.executable, "-c", _JOIN, address],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=env,
+        )
+        assert "JOINED AND LEFT" in out.stdout, out.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_joining_a_token_cluster_without_the_token_names_the_cause_and_the_fix(tmp_path):
+    """A driver without RAY_AUTH_MODE=token (``ray_address`` or ``RAY_ADDRESS``) is refused
+    by the cluster; the error says why and what to set, instead of a bare ConnectionError."""
+    pytest.importorskip("ray")
+    with _token_cluster(tmp_path) as (address, _):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        env.update(HOME=str(tmp_path), RAY_ADDRESS=address)  # no token mode, no token
+        out = subprocess.run(
+            [sys.executable, "-m", "agentgym.cli", "rollout", "Corridor-v0"]
+            + ["--groups", "1", "--group-size", "2", "--backend", "ray"],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=env,
+        )
+        assert out.returncode != 0
+        assert "could not join the Ray cluster at " + address in out.stderr, out.stderr[-2000:]
+        assert "RAY_AUTH_MODE=token" in out.stderr and "RAY_AUTH_TOKEN" in out.stderr
+        assert "Traceback" not in out.stderr
+        script = (
+            "from agentgym.vector import GroupVectorEnv\n"
+            "try:\n"
+            f"    GroupVectorEnv('{ENV}', 1, 2, backend='ray', num_workers=1, "
+            f"ray_address='{address}', ray_options={{'num_cpus': 0}})\n"
+            "except ConnectionError as exc:\n"
+            "    print('ERROR', exc)\n"
+        )
+        env.pop("RAY_ADDRESS")
+        out = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env
+        )
+        assert "ERROR could not join the Ray cluster" in out.stdout, out.stderr[-2000:]
+        assert "RAY_AUTH_MODE=token" in out.stdout

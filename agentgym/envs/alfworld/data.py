@@ -22,6 +22,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+from agentgym.core import describe_action
 from agentgym.envs.cache import cache_dir, writable_cache_dir
 from agentgym.io import atomic_write_json
 
@@ -93,7 +94,7 @@ def normalize_split(split: str) -> str:
     name = SPLIT_ALIASES.get(split, split)
     if name not in SPLITS:
         raise ValueError(
-            f"unknown ALFWorld split {split!r}; choose one of {SPLITS} "
+            f"unknown ALFWorld split {describe_action(split)!r}; choose one of {SPLITS} "
             f"(aliases: {', '.join(f'{k}->{v}' for k, v in SPLIT_ALIASES.items())})"
         )
     return name

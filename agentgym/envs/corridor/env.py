@@ -171,7 +171,7 @@ class CorridorEnv(TextEnv):
         split = "train" if split is None else split
         if split not in _SPLIT_OFFSETS:
             raise ResetOptionError(
-                f"unknown split {split!r}; choose one of {sorted(_SPLIT_OFFSETS)}"
+                f"unknown split {describe_action(split)!r}; choose one of {sorted(_SPLIT_OFFSETS)}"
             )
         if task is None:
             high = self.num_layouts if self.num_layouts is not None else 1_000_000

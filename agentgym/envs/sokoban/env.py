@@ -323,7 +323,7 @@ class SokobanEnv(TextEnv):
             split = options.get("split")
             if split is not None and split not in _SPLIT_SEEDS:
                 raise ResetOptionError(
-                    f"unknown split {split!r}; choose one of {sorted(_SPLIT_SEEDS)}"
+                    f"unknown split {describe_action(split)!r}; choose one of {sorted(_SPLIT_SEEDS)}"
                 )
             if "task" in options and options["task"] is not None:
                 index = self._task_index(options["task"], split)

@@ -256,7 +256,9 @@ class WebShopEnv(TextEnv):
     def _choose_goal(self, options: dict[str, Any]) -> int:
         split = options.get("split")
         if split is not None and split not in SPLITS:
-            raise ResetOptionError(f"unknown split {split!r}; choose one of {list(SPLITS)}")
+            raise ResetOptionError(
+                f"unknown split {describe_action(split)!r}; choose one of {list(SPLITS)}"
+            )
         task = options.get("task")
         if task is None:
             rows = self.catalogue.splits[split or self.split]

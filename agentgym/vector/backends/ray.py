@@ -3,6 +3,7 @@ and the reference count that shuts down a Ray the vector env started itself."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -146,9 +147,18 @@ class RaySession:
                 return False  # the user's Ray
             cls.users += 1
             return True
-        ray.init(
-            address=address, include_dashboard=False, log_to_driver=False, configure_logging=False
-        )
+        joining = address or os.environ.get("RAY_ADDRESS")
+        try:
+            ray.init(
+                address=address,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+        except (ConnectionError, ray.exceptions.AuthenticationError) as exc:
+            if not joining:
+                raise
+            raise ConnectionError(_join_failed(joining, exc)) from exc
         cls.users = 1
         return True
 
@@ -157,3 +167,34 @@ class RaySession:
         cls.users = max(cls.users - 1, 0)
         if cls.users == 0:
             ray.shutdown()
+
+
+def _join_failed(address: str, exc: BaseException) -> str:
+    """Why joining the Ray cluster at ``address`` failed, most likely, and what to do.
+
+    Recent Ray (2.60 among them) authenticates with a token: a cluster started by ``ray.init()``
+    turns it on by default, and ``ray start --head`` does when a token file exists. A driver
+    joining such a cluster at an explicit address does not turn it on by itself (only ``"auto"``
+    does, and only when it finds a token), and the cluster then refuses it after Ray's
+    connection retries, with a ``ConnectionError`` that does not say why.
+    """
+    mode = os.environ.get("RAY_AUTH_MODE")
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if mode is not None and mode.lower() == "token":
+        hint = (
+            "RAY_AUTH_MODE=token is set: check that it was set before this process imported "
+            "Ray (Ray reads it once), that this machine has the cluster's token (the head "
+            "node's ~/.ray/auth_token, as RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN), and that the "
+            "address is the cluster's GCS address (head-node-ip:6379)"
+        )
+    else:
+        hint = (
+            "if the cluster uses token authentication (a cluster started by ray.init() does by "
+            "default in recent Ray, and `ray start --head` does when a token file exists), set "
+            "RAY_AUTH_MODE=token on this machine before Ray is imported and give it the "
+            "cluster's token (copy the head node's ~/.ray/auth_token here, or set "
+            "RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN); "
+            "otherwise check that the address is the cluster's GCS address (head-node-ip:6379) "
+            "and reachable from here"
+        )
+    return f"could not join the Ray cluster at {address} ({reason}); {hint}"
