@@ -10,7 +10,10 @@ Two backends give the same rankings:
   bits above, so up to ~11 % short) moves scores by a few percent: on generated corpora, without
   it a quarter of the top-10 lists come out in a different order, so it is reproduced. The
   per-term scores live in bm25s's eager sparse matrix and its on-disk format (loadable with
-  ``bm25s.BM25.load``, memory-mapped by :meth:`BM25Index.load`).
+  ``bm25s.BM25.load``, memory-mapped by :meth:`BM25Index.load`). With numba installed the top k
+  are found by compiled block-max MaxScore (:mod:`agentgym.retrieval.pruned`), which skips
+  documents that cannot reach the top k, as Lucene does; without it, by scoring every posting
+  with numpy. Both give the same rows and scores.
 * ``"pyserini"``: a real Lucene index, built by Anserini's ``SimpleIndexer`` and searched by its
   ``SimpleSearcher`` (the class pyserini's ``LuceneSearcher`` wraps), in-process through pyjnius.
   It needs a Java 21+ virtual machine (see :mod:`agentgym.retrieval.java`), and a JVM does not
@@ -530,6 +533,11 @@ class BM25Index:
         self._id_rank: np.ndarray | None = None
         self._lucene_rows: np.ndarray | None = None  # pyserini: Lucene id (a rank) -> row
         self.path: Path | None = None
+        self.pruning: bool = True
+        """bm25s: find the top k with compiled block-max MaxScore (:mod:`.pruned`) when numba is
+        installed; ``False`` scores every posting with numpy. Both return the same results."""
+        self._bounds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._bounds_lock = threading.Lock()
 
     def __len__(self) -> int:
         return self._n_docs
@@ -784,6 +792,33 @@ class BM25Index:
         return out
 
     def _search_bm25s(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        from agentgym.retrieval import pruned
+
+        if self.pruning and pruned.available():
+            return self._search_pruned(queries, k)
+        return self._search_exhaustive(queries, k)
+
+    def _search_pruned(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top k by block-max MaxScore in compiled code: one call for the whole batch."""
+        from agentgym.retrieval import pruned
+
+        assert self._vocab is not None
+        s = self._bm25.scores
+        if self._bounds is None:
+            with self._bounds_lock:  # once per index, on the first search
+                if self._bounds is None:
+                    self._bounds = pruned.build_bounds(s["data"], s["indptr"])
+        raw = [_raw_tokens(q if isinstance(q, str) else str(q)) for q in queries]
+        query_ptr = np.zeros(len(raw) + 1, dtype=np.int64)
+        np.cumsum([len(r) for r in raw], out=query_ptr[1:])
+        term_ids = self._vocab.encode([t for r in raw for t in r], grow=False)
+        return pruned.search_batch(
+            s["data"], s["indices"], s["indptr"], self._bounds, self._id_rank,
+            query_ptr, term_ids, k, len(self),
+        )  # fmt: skip
+
+    def _search_exhaustive(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top k by scoring every posting of the query's terms with numpy."""
         rows, scores = _empty_results(len(queries), k)
         if not len(queries) or not len(self):
             return rows, scores
