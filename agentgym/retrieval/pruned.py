@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["BLOCK", "available", "build_bounds", "search_batch"]
+__all__ = ["BLOCK", "PHASE1_POSTINGS", "PrunedIndex", "available", "build_bounds"]
 
 BLOCK = 64
 """postings per block for the block maxima"""
@@ -318,36 +318,47 @@ if _HAVE_NUMBA:
             )  # fmt: skip
 
 
-def search_batch(
-    data: np.ndarray,
-    indices: np.ndarray,
-    indptr: np.ndarray,
-    bounds: tuple[np.ndarray, np.ndarray, np.ndarray],
-    tie_rank: np.ndarray | None,
-    query_ptr: np.ndarray,
-    term_ids: np.ndarray,
-    k: int,
-    n_docs: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Top ``k`` of every query; the same contract as ``BM25Index.search``.
+class PrunedIndex:
+    """The arrays the compiled search reads, prepared once per index (bounds included).
 
-    ``term_ids`` holds every query's analysed term ids back to back (-1 for unknown terms and
-    stop words), query q's at ``term_ids[query_ptr[q]:query_ptr[q + 1]]``; ``bounds`` comes from
-    :func:`build_bounds`. Returns ``rows`` ``(n_queries, k)`` int64 padded with -1 and ``scores``
-    float32 padded with -inf.
+    ``data`` float32, ``indices`` (doc rows, ascending within a list) and ``indptr`` int64
+    ``(n_terms + 1,)``: bm25s's CSC score matrix (memory-mapped arrays stay mapped);
+    ``tie_rank`` ``(n_docs,)``: each row's rank in the documents' id order, or ``None`` for row
+    order.
     """
-    n_queries = len(query_ptr) - 1
-    rows = np.full((n_queries, k), -1, dtype=np.int64)
-    scores = np.full((n_queries, k), -np.inf, dtype=np.float32)
-    if n_queries == 0:
+
+    def __init__(
+        self,
+        data: np.ndarray,
+        indices: np.ndarray,
+        indptr: np.ndarray,
+        tie_rank: np.ndarray | None,
+        n_docs: int,
+    ) -> None:
+        self.data = np.asarray(data)
+        self.indices = np.asarray(indices)
+        self.indptr = np.asarray(indptr, dtype=np.int64)
+        self.term_max, self.block_max, self.block_ptr = build_bounds(self.data, self.indptr)
+        self.use_rank = tie_rank is not None
+        self.tie_rank = np.asarray(tie_rank) if self.use_rank else np.zeros(1, dtype=np.int32)
+        self.phase1_postings = max(PHASE1_POSTINGS, n_docs // 64)
+
+    def search(
+        self, query_ptr: np.ndarray, term_ids: np.ndarray, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Top ``k`` of every query; the same contract as ``BM25Index.search``.
+
+        ``term_ids`` (int64) holds every query's analysed term ids back to back (-1 for unknown
+        terms and stop words), query q's at ``term_ids[query_ptr[q]:query_ptr[q + 1]]``. Returns
+        ``rows`` ``(n_queries, k)`` int64 padded with -1 and ``scores`` float32 padded with -inf.
+        """
+        n_queries = len(query_ptr) - 1
+        rows = np.full((n_queries, k), -1, dtype=np.int64)
+        scores = np.full((n_queries, k), -np.inf, dtype=np.float32)
+        if n_queries > 0:
+            _search_batch(
+                self.data, self.indices, self.indptr, self.term_max, self.block_max,
+                self.block_ptr, self.tie_rank, self.use_rank, query_ptr, term_ids, k,
+                self.phase1_postings, rows, scores,
+            )  # fmt: skip
         return rows, scores
-    term_max, block_max, block_ptr = bounds
-    use_rank = tie_rank is not None
-    rank = np.asarray(tie_rank) if use_rank else np.zeros(1, dtype=np.int32)
-    _search_batch(
-        np.asarray(data), np.asarray(indices), np.asarray(indptr, dtype=np.int64),
-        term_max, block_max, block_ptr, rank, use_rank,
-        np.asarray(query_ptr, dtype=np.int64), np.asarray(term_ids, dtype=np.int64), int(k),
-        max(PHASE1_POSTINGS, n_docs // 64), rows, scores,
-    )  # fmt: skip
-    return rows, scores

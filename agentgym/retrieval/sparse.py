@@ -47,6 +47,7 @@ built, and saved with it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
@@ -536,8 +537,8 @@ class BM25Index:
         self.pruning: bool = True
         """bm25s: find the top k with compiled block-max MaxScore (:mod:`.pruned`) when numba is
         installed; ``False`` scores every posting with numpy. Both return the same results."""
-        self._bounds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._bounds_lock = threading.Lock()
+        self._pruned: Any = None  # the compiled search's arrays, made on the first search
+        self._pruned_lock = threading.Lock()
 
     def __len__(self) -> int:
         return self._n_docs
@@ -800,22 +801,22 @@ class BM25Index:
 
     def _search_pruned(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top k by block-max MaxScore in compiled code: one call for the whole batch."""
-        from agentgym.retrieval import pruned
+        from agentgym.retrieval.pruned import PrunedIndex
 
         assert self._vocab is not None
-        s = self._bm25.scores
-        if self._bounds is None:
-            with self._bounds_lock:  # once per index, on the first search
-                if self._bounds is None:
-                    self._bounds = pruned.build_bounds(s["data"], s["indptr"])
+        if self._pruned is None:
+            with self._pruned_lock:  # once per index, on the first search
+                if self._pruned is None:
+                    s = self._bm25.scores
+                    self._pruned = PrunedIndex(
+                        s["data"], s["indices"], s["indptr"], self._id_rank, len(self)
+                    )
         raw = [_raw_tokens(q if isinstance(q, str) else str(q)) for q in queries]
-        query_ptr = np.zeros(len(raw) + 1, dtype=np.int64)
-        np.cumsum([len(r) for r in raw], out=query_ptr[1:])
+        query_ptr = np.fromiter(
+            itertools.accumulate(map(len, raw), initial=0), dtype=np.int64, count=len(raw) + 1
+        )
         term_ids = self._vocab.encode([t for r in raw for t in r], grow=False)
-        return pruned.search_batch(
-            s["data"], s["indices"], s["indptr"], self._bounds, self._id_rank,
-            query_ptr, term_ids, k, len(self),
-        )  # fmt: skip
+        return self._pruned.search(query_ptr, term_ids, k)
 
     def _search_exhaustive(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top k by scoring every posting of the query's terms with numpy."""
