@@ -206,6 +206,9 @@ def bench_in_process(
     Search-R1's server calls) against one ``BM25Index.search(batch, 3)`` per turn, in the same
     process, interleaved turn by turn. CPU time is the whole process's (the JVM's threads too).
     Returns per batch size the median over repeats of CPU and wall ms per query, and ratios."""
+    from agentgym.retrieval import pruned
+
+    pruned.warm_up(block=True)  # the compiled search, not the numpy one it starts with
     # the same top 3, ties included: Lucene's docids against our rows' ids
     ours_rows, _ = index.search(queries, 3)
     ours_ids = [[ids[r] for r in row if r >= 0] for row in ours_rows.tolist()]

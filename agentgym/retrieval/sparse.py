@@ -795,7 +795,7 @@ class BM25Index:
     def _search_bm25s(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         from agentgym.retrieval import pruned
 
-        if self.pruning and pruned.available():
+        if self.pruning and pruned.warm_up():  # numpy until the kernels are compiled
             return self._search_pruned(queries, k)
         return self._search_exhaustive(queries, k)
 

@@ -18,6 +18,11 @@ from agentgym.retrieval.sparse import BM25Index
 pytestmark = pytest.mark.skipif(not pruned.available(), reason="numba is not installed")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _compiled():
+    assert pruned.warm_up(block=True)  # else searches would quietly take the numpy path
+
+
 def _corpora():
     texts, ids, queries = tie_heavy_corpus(800)
     yield "tie-heavy", texts, ids, queries
@@ -73,3 +78,20 @@ def test_pruned_search_of_an_empty_index_and_batch():
     assert (rows == -1).all() and np.isneginf(scores).all()
     index = BM25Index.build(["apple"])
     assert index.search([], 3)[0].shape == (0, 3)
+
+
+def test_one_compiled_signature_serves_every_index(tmp_path):
+    """In-memory and memory-mapped indexes, with and without ids, all run the signature compiled
+    in the background: no search compiles on the searching thread."""
+    from agentgym.retrieval import _pruned_kernels
+
+    texts = ["apple pie", "apple tart", "pear"]
+    BM25Index.build(texts, ids=["b", "a", "c"], path=tmp_path / "ids")
+    BM25Index.build(texts, path=tmp_path / "rows")
+    indexes = [BM25Index.build(texts), BM25Index.build(texts, ids=["b", "a", "c"])]
+    indexes += [
+        BM25Index.load(tmp_path / name, mmap=m) for name in ("ids", "rows") for m in (False, True)
+    ]
+    for index in indexes:
+        assert index.search(["apple"], 2)[0].tolist()[0][1] in (0, 1)
+    assert len(_pruned_kernels._search_batch.signatures) == 1
