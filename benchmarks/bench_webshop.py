@@ -9,8 +9,9 @@ the total, which the slow purchase steps weigh on and a median hides.
     run from a WebShop checkout (``--webshop-src``) with its own code, templates and a Lucene
     index of its own documents, and ours, on the same goals with the same actions (ours'
     admissible clicks and searches from a pool of goal words; 10% invalid actions). Every
-    observation, every ``get_available_actions()`` and every purchase reward is compared; the
-    mismatch count must be 0. Stock's prices are unseeded draws from the global ``random``, so it
+    observation, every ``get_available_actions()``, every purchase reward and the top-50 ranking
+    of every search (ours as our engine made it; equal scores in Anserini's asin order) is
+    compared; the mismatch count must be 0. Stock's prices are unseeded draws from the global ``random``, so it
     runs after ``random.seed(<our price seed>)``: the same draws our loader makes.
 (b) ours alone: random-policy step and reset time (median, p99) on the 1000-product catalogue
     with the bm25s backend, memo of repeated queries included (as in training).

@@ -1,12 +1,11 @@
 """The numba kernels of :mod:`agentgym.retrieval.pruned` (imported, and compiled or loaded from
-numba's on-disk cache, by :func:`agentgym.retrieval.pruned.warm_up`, off the searching thread)."""
+numba's on-disk cache, by :func:`agentgym.retrieval.pruned.warm_up`, off the searching thread).
+Standalone: the block size of the block maxima comes in as the ``block`` argument."""
 
 from __future__ import annotations
 
 import numba
 import numpy as np
-
-from agentgym.retrieval.pruned import BLOCK
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -74,7 +73,7 @@ def _advance(indices, pos, end, target):
 
 @numba.njit(cache=True, nogil=True)
 def _daat(
-    data, indices, indptr, block_max, block_ptr, tie_rank, use_rank,
+    data, indices, indptr, block_max, block_ptr, block, tie_rank, use_rank,
     t, c, cum, m, fe_min, skip_t, k, hs, hr, hd, n_heap,
 ):  # fmt: skip
     """One document-at-a-time MaxScore pass over terms ``t[:m]`` (ascending bounds, counts
@@ -132,7 +131,7 @@ def _daat(
                     p = _advance(indices, pos[i], end[i], cand)
                     pos[i] = p
                     if p < end[i]:
-                        j = block_ptr[t[i]] + (p - indptr[t[i]]) // BLOCK
+                        j = block_ptr[t[i]] + (p - indptr[t[i]]) // block
                         # the block holding the first doc >= cand bounds cand's score
                         bound += np.float64(block_max[j] * c[i])
                 if np.float32(s + bound) < theta:
@@ -174,7 +173,7 @@ def _daat(
 
 @numba.njit(cache=True, nogil=True)
 def _search_one(
-    data, indices, indptr, term_max, block_max, block_ptr, tie_rank, use_rank,
+    data, indices, indptr, term_max, block_max, block_ptr, block, tie_rank, use_rank,
     terms, counts, k, budget, out_rows, out_scores, hs, hr, hd,
 ):  # fmt: skip
     m = len(terms)
@@ -203,12 +202,12 @@ def _search_one(
         first -= 1
         postings += indptr[t[first] + 1] - indptr[t[first]]
     n_heap = _daat(
-        data, indices, indptr, block_max, block_ptr, tie_rank, use_rank,
+        data, indices, indptr, block_max, block_ptr, block, tie_rank, use_rank,
         t, c, cum, m, first, t[:0], k, hs, hr, hd, 0,
     )  # fmt: skip
     if first > 0:
         n_heap = _daat(
-            data, indices, indptr, block_max, block_ptr, tie_rank, use_rank,
+            data, indices, indptr, block_max, block_ptr, block, tie_rank, use_rank,
             t, c, cum, first, 0, t[first:], k, hs, hr, hd, n_heap,
         )  # fmt: skip
     # best first: repeatedly take the worst off the heap, filling from the back
@@ -225,7 +224,7 @@ def _search_one(
 
 @numba.njit(cache=True, nogil=True)
 def _search_batch(
-    data, indices, indptr, term_max, block_max, block_ptr, tie_rank, use_rank,
+    data, indices, indptr, term_max, block_max, block_ptr, block, tie_rank, use_rank,
     query_ptr, term_ids, k, budget, out_rows, out_scores,
 ):  # fmt: skip
     hs = np.empty(k, dtype=np.float32)
@@ -248,27 +247,6 @@ def _search_batch(
                 terms[j] = known[i]
             counts[j] += 1.0
         _search_one(
-            data, indices, indptr, term_max, block_max, block_ptr, tie_rank, use_rank,
+            data, indices, indptr, term_max, block_max, block_ptr, block, tie_rank, use_rank,
             terms, counts, k, budget, out_rows[q], out_scores[q], hs, hr, hd,
         )  # fmt: skip
-
-
-def compile_all() -> None:
-    """Compile (or load from numba's cache) the kernels for the arrays :class:`PrunedIndex`
-    passes (read-only; int32 doc rows and ranks, i.e. below 2**31 documents), on a tiny index."""
-    from agentgym.retrieval.pruned import PrunedIndex
-
-    index = PrunedIndex(
-        np.array([1.0, 2.0], dtype=np.float32),
-        np.array([0, 1], dtype=np.int32),
-        np.array([0, 2], dtype=np.int64),
-        np.zeros(2, dtype=np.int32),
-        2,
-    )
-    rows = np.full((1, 1), -1, dtype=np.int64)
-    scores = np.full((1, 1), -np.inf, dtype=np.float32)
-    _search_batch(
-        index.data, index.indices, index.indptr, index.term_max, index.block_max,
-        index.block_ptr, index.tie_rank, index.use_rank, np.array([0, 1], dtype=np.int64),
-        np.array([0], dtype=np.int64), 1, index.phase1_postings, rows, scores,
-    )  # fmt: skip

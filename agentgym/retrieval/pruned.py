@@ -83,13 +83,21 @@ def warm_up(block: bool = False) -> bool:
 def _compile() -> None:
     global _kernels
     try:
-        from agentgym.retrieval import _pruned_kernels
+        from agentgym.retrieval import _pruned_kernels as kernels
 
-        _pruned_kernels.compile_all()
+        # compile (or load) the one signature every PrunedIndex uses, on a two-document index
+        index = PrunedIndex(
+            np.array([1.0, 2.0], dtype=np.float32),
+            np.array([0, 1], dtype=np.int32),
+            np.array([0, 2], dtype=np.int64),
+            np.zeros(2, dtype=np.int32),
+            2,
+        )
+        index.search(np.array([0, 1], dtype=np.int64), np.array([0], dtype=np.int64), 1, kernels)
     except Exception as err:  # noqa: BLE001  (any numba failure: stay on the numpy path)
         logger.warning("BM25 pruned search unavailable (%s); scoring every posting instead", err)
         return
-    _kernels = _pruned_kernels
+    _kernels = kernels
 
 
 def build_bounds(data: np.ndarray, indptr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -155,7 +163,7 @@ class PrunedIndex:
         self.phase1_postings = max(PHASE1_POSTINGS, n_docs // 64)
 
     def search(
-        self, query_ptr: np.ndarray, term_ids: np.ndarray, k: int
+        self, query_ptr: np.ndarray, term_ids: np.ndarray, k: int, kernels: Any = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Top ``k`` of every query; the same contract as ``BM25Index.search``.
 
@@ -167,11 +175,12 @@ class PrunedIndex:
         rows = np.full((n_queries, k), -1, dtype=np.int64)
         scores = np.full((n_queries, k), -np.inf, dtype=np.float32)
         if n_queries > 0:
-            if _kernels is None:
+            kernels = kernels or _kernels
+            if kernels is None:
                 raise RuntimeError("call agentgym.retrieval.pruned.warm_up() first")
-            _kernels._search_batch(
+            kernels._search_batch(
                 self.data, self.indices, self.indptr, self.term_max, self.block_max,
-                self.block_ptr, self.tie_rank, self.use_rank, query_ptr, term_ids, k,
+                self.block_ptr, BLOCK, self.tie_rank, self.use_rank, query_ptr, term_ids, k,
                 self.phase1_postings, rows, scores,
             )  # fmt: skip
         return rows, scores
