@@ -6,7 +6,10 @@ what exhaustive scoring returns: the same rows, the same float32 scores, ties in
 (score descending, then ``tie_rank`` ascending).
 
 Algorithm (MaxScore, Turtle & Flood 1995, with block maxima as in Lucene's
-``MaxScoreBulkScorer``), document at a time over doc-sorted posting lists:
+``MaxScoreBulkScorer``), document at a time over doc-sorted posting lists, in two phases: first
+only the documents of the highest-bound terms whose lists are short together (at least one term,
+see :data:`PHASE1_POSTINGS`), which sets a high k-th score early; then the other terms, leaving
+out the documents phase 1 has scored. In each phase:
 
 * each query term has an upper bound, its largest posting score times its count in the query;
   terms are sorted by that bound, and the longest prefix whose bounds sum below the current k-th
@@ -24,6 +27,11 @@ Algorithm (MaxScore, Turtle & Flood 1995, with block maxima as in Lucene's
 
 Posting lists are the columns of bm25s's CSC score matrix (``data`` float32, ``indices`` doc rows
 ascending within a column, ``indptr`` int64 ``(n_terms + 1,)``).
+
+The kernels (:mod:`._pruned_kernels`) compile in a background thread that the first search
+starts (:func:`warm_up`); until they are ready, searches score every posting with numpy. A
+process forked while they compile keeps the numpy path (same results, slower): fork after a
+``warm_up(block=True)`` to give workers the compiled search.
 """
 
 from __future__ import annotations
@@ -35,7 +43,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BLOCK", "PHASE1_POSTINGS", "PrunedIndex", "available", "build_bounds"]
+__all__ = [
+    "BLOCK",
+    "PHASE1_POSTINGS",
+    "PrunedIndex",
+    "available",
+    "build_bounds",
+    "ready",
+    "warm_up",
+]
 
 BLOCK = 64
 """postings per block for the block maxima"""
