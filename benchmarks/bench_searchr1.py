@@ -24,13 +24,25 @@ corpus: the knowledge base plus ``--corpus-size`` distractor passages). For each
 queries are cut into turns of B (cycling), every turn timed for each way, the ways' order rotated
 turn by turn. Reported per B: per-turn medians and p99, total time of all turns of a repeat, and
 the ratios Search-R1 / ours of both (total-time ratio median over ``--repeats``). The top-3
-passages of both are compared (BM25 ties may order differently).
+passages of both are compared; they must be identical, ties included (both order equal scores by
+the passage id as a string).
+
+BM25 alone, in-process (``in_process_bm25``): pyserini's ``LuceneSearcher`` opened on the same
+Search-R1 index in this process (``search(q, 3)`` per query, the call Search-R1's server makes)
+against ``BM25Index.search(batch, 3)`` (one call per turn), no HTTP and no document fetching,
+after ``--warmup`` passes (Lucene's JIT), interleaved turn by turn over two passes of the queries.
+Reported per B: median over repeats of CPU time per query on the searching thread
+(``time.thread_time``; both searches run on it), of the whole process's CPU time
+(``time.process_time``: also the JVM's JIT and GC threads, whichever search they overlap) and
+of wall time, their ratios, and how many top-3 id lists are identical.
 
 Get Search-R1 (only its two files above are read; nothing of it is kept)::
 
     git clone https://github.com/PeterGriffinJin/Search-R1 ~/Search-R1
     pip install "agentgym-envs[pyserini]" faiss-cpu torch transformers datasets fastapi uvicorn
     python benchmarks/bench_searchr1.py --search-r1 ~/Search-R1    # ~5 minutes
+    python benchmarks/bench_searchr1.py --search-r1 ~/Search-R1 --in-process-only \
+        --corpus-size 500000 --out benchmarks/results/searchr1_500k.json
 
 (its server imports faiss, torch, transformers and datasets at the top, though BM25 needs none
 of them). The index build and the server start their JVM through ``agentgym.retrieval.java.
@@ -116,8 +128,11 @@ def search_r1_batch_search(session_post, url: str, queries: list[str], topk: int
     return out
 
 
-def _start_server(checkout: Path, work: Path, java_home: str, log) -> tuple[subprocess.Popen, str]:
-    """Build Search-R1's Lucene index and start its server; return (process, /retrieve URL)."""
+def _start_server(
+    checkout: Path, work: Path, java_home: str, log, serve: bool = True
+) -> tuple[subprocess.Popen | None, str | None]:
+    """Build Search-R1's Lucene index and start its server; return (process, /retrieve URL)
+    (``(None, None)``, the index only, when ``serve`` is false)."""
     # offline: its datasets/transformers imports must not wait on the Hugging Face hub
     env = {**os.environ, "JAVA_HOME": java_home, "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}  # fmt: skip
@@ -138,6 +153,8 @@ def _start_server(checkout: Path, work: Path, java_home: str, log) -> tuple[subp
         [sys.executable, "-c", build], check=True, env=env, stdout=log, stderr=subprocess.STDOUT
     )
     print(f"  Lucene index built in {time.perf_counter() - t0:.1f} s", flush=True)
+    if not serve:
+        return None, None
     server_dir = work / "search_r1_server"  # outside the repository, deleted afterwards
     server_dir.mkdir()
     shutil.copy(checkout / SERVER_FILE, server_dir / "retrieval_server.py")
@@ -167,6 +184,89 @@ def _start_server(checkout: Path, work: Path, java_home: str, log) -> tuple[subp
     raise RuntimeError("Search-R1's server did not answer within 10 minutes")
 
 
+def lucene_searcher(index_dir: Path):
+    """pyserini's ``LuceneSearcher`` on ``index_dir`` in this process (BM25 k1=0.9, b=0.4), as
+    Search-R1's server opens it; the JVM must already run (``ensure_java``)."""
+    import types
+
+    # pyserini.search imports its OpenAI encoder, which builds an API client at import time
+    openai_stub = types.ModuleType("pyserini.encode._openai")
+    openai_stub.OpenAiDocumentEncoder = openai_stub.OpenAiQueryEncoder = None
+    openai_stub.OPENAI_API_RETRY_DELAY = 0
+    sys.modules.setdefault("pyserini.encode._openai", openai_stub)
+    from pyserini.search.lucene import LuceneSearcher
+
+    return LuceneSearcher(str(index_dir))
+
+
+def bench_in_process(
+    lucene, index, ids: list[str], queries: list[str], batch_sizes: list[int], args
+) -> dict:
+    """Top-3 search alone, no HTTP, no documents: ``LuceneSearcher.search(q, 3)`` per query (what
+    Search-R1's server calls) against one ``BM25Index.search(batch, 3)`` per turn, in the same
+    process, interleaved turn by turn. CPU time is the whole process's (the JVM's threads too).
+    Returns per batch size the median over repeats of CPU and wall ms per query, and ratios."""
+    from agentgym.retrieval import pruned
+
+    pruned.warm_up(block=True)  # the compiled search, not the numpy one it starts with
+    # the same top 3, ties included: Lucene's docids against our rows' ids
+    ours_rows, _ = index.search(queries, 3)
+    ours_ids = [[ids[r] for r in row if r >= 0] for row in ours_rows.tolist()]
+    theirs_ids = [[h.docid for h in lucene.search(q, 3)] for q in queries]
+    identical = sum(a == b for a, b in zip(ours_ids, theirs_ids, strict=True))
+    for _ in range(args.warmup):  # Lucene's JIT (and our kernel's first call) warm up
+        for q in queries:
+            lucene.search(q, 3)
+        index.search(queries, 3)
+
+    def run_lucene(batch: list[str]) -> None:
+        for q in batch:
+            lucene.search(q, 3)
+
+    def run_ours(batch: list[str]) -> None:
+        index.search(batch, 3)
+
+    ways = {"lucene": run_lucene, "ours": run_ours}
+    out: dict = {"identical_top3": f"{identical}/{len(queries)}"}
+    for batch_size in batch_sizes:
+        n_turns = -(-2 * len(queries) // batch_size)  # two passes over the queries
+        turns = [
+            [queries[(t * batch_size + i) % len(queries)] for i in range(batch_size)]
+            for t in range(n_turns)
+        ]
+        clocks = {"thread_cpu": time.thread_time, "process_cpu": time.process_time,
+                  "wall": time.perf_counter}  # fmt: skip
+        ms = {(c, w): [] for c in clocks for w in ways}
+        for repeat in range(args.repeats):
+            spent = dict.fromkeys(ms, 0.0)
+            for t, batch in enumerate(turns):
+                order = list(ways) if (t + repeat) % 2 == 0 else list(ways)[::-1]
+                for way in order:
+                    start = {c: clock() for c, clock in clocks.items()}
+                    ways[way](batch)
+                    for c, clock in clocks.items():
+                        spent[c, way] += clock() - start[c]
+            for key, total in spent.items():
+                ms[key].append(total * 1e3 / (n_turns * batch_size))
+        row: dict = {"queries_per_repeat": n_turns * batch_size}
+        for c in clocks:
+            row[f"{c}_ms_per_query_median"] = {w: statistics.median(ms[c, w]) for w in ways}
+            row[f"ratio_{c}"] = statistics.median(
+                a / b for a, b in zip(ms[c, "lucene"], ms[c, "ours"], strict=True)
+            )
+        out[str(batch_size)] = row
+        print(
+            f"  in-process B={batch_size:>4}, ms/query Lucene / ours (ratio): "
+            + "; ".join(
+                f"{c} {row[f'{c}_ms_per_query_median']['lucene']:.4f} / "
+                f"{row[f'{c}_ms_per_query_median']['ours']:.4f} ({row[f'ratio_{c}']:.1f}x)"
+                for c in clocks
+            ),
+            flush=True,
+        )
+    return out
+
+
 def _p99(xs: list[float]) -> float:
     return float(np.percentile(np.asarray(xs), 99))
 
@@ -183,6 +283,12 @@ def main() -> int:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 128])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--max-turns", type=int, default=40, help="turns per batch size and repeat")
+    p.add_argument("--warmup", type=int, default=3, help="in-process passes before timing")
+    p.add_argument(
+        "--in-process-only",
+        action="store_true",
+        help="only the fidelity check and the in-process BM25 timing (no HTTP turns)",
+    )
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     if args.search_r1 is None or not (args.search_r1 / SERVER_FILE).is_file():
@@ -214,7 +320,9 @@ def main() -> int:
         write_search_r1_files(work)
         java_home = ensure_java()
         print(f"Search-R1 server over {len(docs):,} passages ...", flush=True)
-        proc, url = _start_server(args.search_r1, work, java_home, log)
+        proc, url = _start_server(
+            args.search_r1, work, java_home, log, serve=not args.in_process_only
+        )
 
         big = BM25Retriever.from_documents(docs)
         env = SearchQAEnv(data=work / "test.parquet", retriever=big, max_episode_steps=CAP)
@@ -241,13 +349,23 @@ def main() -> int:
             return spent
 
         # fidelity: the same top-3 passages from Search-R1's Lucene and our bm25s
-        theirs = way_search_r1(queries)
-        ours = way_ours_batched(queries)
-        same_top3 = sum(a == b for a, b in zip(theirs, ours, strict=True)) / len(queries)
+        same_top3 = None
+        if url is not None:
+            theirs = way_search_r1(queries)
+            ours = way_ours_batched(queries)
+            same_top3 = sum(a == b for a, b in zip(theirs, ours, strict=True)) / len(queries)
+            print(f"  same top-3 passages as Search-R1's server: {same_top3:.1%}", flush=True)
+
+        # BM25 alone, in this process: pyserini's LuceneSearcher on Search-R1's index
+        lucene = lucene_searcher(work / "bm25")
+        in_process = bench_in_process(
+            lucene, big.index, [d["id"] for d in docs], queries, args.batch_sizes, args
+        )
+        lucene.close()
 
         ways = ["search_r1", "ours_env", "ours_batched"]
         per_batch: dict[str, dict] = {}
-        for batch_size in args.batch_sizes:
+        for batch_size in [] if args.in_process_only else args.batch_sizes:
             n_turns = min(args.max_turns, max(1, -(-len(queries) // batch_size)))
             turns = [
                 [queries[(t * batch_size + i) % len(queries)] for i in range(batch_size)]
@@ -336,6 +454,7 @@ def main() -> int:
             "search_r1_client": str(CLIENT_FILE) + " batch_search: one requests.post per turn",
         },
         "same_top3_passages_fraction": same_top3,
+        "in_process_bm25": in_process,
         "by_batch_size": per_batch,
         "search_r1_server_log_tail": server_log[-500:],
     }
@@ -343,7 +462,7 @@ def main() -> int:
     tmp_out = args.out.with_suffix(".json.tmp")
     tmp_out.write_text(json.dumps(report, indent=1) + "\n")
     os.replace(tmp_out, args.out)
-    print(f"same top-3 passages on {same_top3:.1%} of {len(queries)} queries; wrote {args.out}")
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -268,7 +268,11 @@ def build_index(
 
         dim = None
         BM25Index.build(
-            _SizedTexts(store), backend=backend, path=out / "bm25", show_progress=show_progress
+            _SizedTexts(store),
+            backend=backend,
+            path=out / "bm25",
+            show_progress=show_progress,
+            ids=(str(record["id"]) for record in store),  # equal scores in Anserini's id order
         )
     _log(f"{kind} index over {len(store)} documents built in {time.perf_counter() - started:.1f}s")
 

@@ -10,7 +10,10 @@ Two backends give the same rankings:
   bits above, so up to ~11 % short) moves scores by a few percent: on generated corpora, without
   it a quarter of the top-10 lists come out in a different order, so it is reproduced. The
   per-term scores live in bm25s's eager sparse matrix and its on-disk format (loadable with
-  ``bm25s.BM25.load``, memory-mapped by :meth:`BM25Index.load`).
+  ``bm25s.BM25.load``, memory-mapped by :meth:`BM25Index.load`). With numba installed the top k
+  are found by compiled block-max MaxScore (:mod:`agentgym.retrieval.pruned`), which skips
+  documents that cannot reach the top k, as Lucene does; without it, by scoring every posting
+  with numpy. Both give the same rows and scores.
 * ``"pyserini"``: a real Lucene index, built by Anserini's ``SimpleIndexer`` and searched by its
   ``SimpleSearcher`` (the class pyserini's ``LuceneSearcher`` wraps), in-process through pyjnius.
   It needs a Java 21+ virtual machine (see :mod:`agentgym.retrieval.java`), and a JVM does not
@@ -28,11 +31,23 @@ query (pyserini's bag-of-words query boosts a term by its count) and a document 
     score(d)  = sum_t  c * idf(t) * tf / (tf + k1 * (1 - b + b * len(d) / avgdl))
 
 with ``len(d)`` decoded from its one-byte norm and ``avgdl`` the exact mean length. Only
-documents sharing at least one term with the query are returned; ties go to the lower row.
+documents sharing at least one term with the query are returned.
+
+Equal scores come in Anserini's order. ``SimpleSearcher`` (what pyserini's ``LuceneSearcher``
+wraps) searches with ``Sort(SortField.FIELD_SCORE, SortField("id", STRING_VAL))``: score
+descending (the float Lucene computed, compared bit for bit), then the document id ascending as a
+string (UTF-8 bytes, unsigned: code point order, Python's ``str`` order). Its
+``ScoreTiesAdjusterReranker`` afterwards only rounds the reported scores to 1e-4 and nudges tied
+ones apart by 1e-6; it does not reorder. So an index built with ``ids`` (the documents' ids, e.g.
+Search-R1's ``"0"``, ``"1"``, ... or WebShop's asins) breaks ties as Anserini does over an index of
+those ids: ``"10"`` before ``"9"``. An index built without ids breaks them by row, as Anserini would
+over zero-padded row numbers. Each document's rank in id order is computed once, when the index is
+built, and saved with it.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
@@ -62,6 +77,9 @@ __all__ = [
 BACKENDS = ("bm25s", "pyserini", "auto")
 META_FILE = "agentgym_bm25.json"
 FORMAT_VERSION = 1
+# rank of each row in the order of the documents' ids (int32/int64 ``(n_docs,)``); absent when the
+# index was built without ids (ties then go by row)
+ID_RANK_FILE = "id_rank.npy"
 # bm25s builds analyse and count this many raw tokens at a time (bounds the build's memory)
 _BLOCK_TOKENS = 2_000_000
 # distinct raw query tokens remembered (with their analysis) before the cache starts over
@@ -474,6 +492,24 @@ def _empty_results(n_queries: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
+def id_rank(ids: Iterable[str]) -> np.ndarray:
+    """Each row's position in Anserini's tie order of ``ids``: ``(len(ids),)`` int32 (int64 past
+    2**31 rows), a permutation of ``0..n-1``.
+
+    Lucene compares ids as UTF-8 bytes, unsigned (``BytesRef``), which is code point order; rows
+    with equal ids keep their row order (Lucene's next key, its internal doc id, follows the
+    order documents were added in). One vectorised sort of the encoded ids.
+    """
+    encoded = [_java_safe(str(i)).encode("utf-8") for i in ids]
+    # NumPy's fixed-width bytes compare as unsigned bytes, but ignore trailing NUL bytes: ids that
+    # end in "\x00" (never seen in practice) would tie with their stripped form
+    keys = np.array(encoded, dtype=bytes) if encoded else np.zeros(0, dtype="S1")
+    order = np.argsort(keys, kind="stable")
+    rank = np.empty(len(order), dtype=np.int32 if len(order) < 2**31 else np.int64)
+    rank[order] = np.arange(len(order), dtype=rank.dtype)
+    return rank
+
+
 class BM25Index:
     """BM25 over a list of texts; row i is the i-th text.
 
@@ -495,13 +531,33 @@ class BM25Index:
         self._bm25: Any = None  # bm25s.BM25 holding the per-term score matrix
         self._vocab: _Vocabulary | None = None
         self._lucene: Any = None  # pyserini backend state
+        # row -> rank in the order of the documents' ids (ties), None: by row
+        self._id_rank: np.ndarray | None = None
+        self._lucene_rows: np.ndarray | None = None  # pyserini: Lucene id (a rank) -> row
         self.path: Path | None = None
+        self.pruning: bool = True
+        """bm25s: find the top k with compiled block-max MaxScore (:mod:`.pruned`) when numba is
+        installed; ``False`` scores every posting with numpy. Both return the same results."""
+        self._pruned: Any = None  # the compiled search's arrays, made on the first search
+        self._pruned_lock = threading.Lock()
 
     def __len__(self) -> int:
         return self._n_docs
 
     def __repr__(self) -> str:
         return f"BM25Index(backend={self.backend!r}, docs={len(self)}, k1={self.k1}, b={self.b})"
+
+    @property
+    def ties_by_id(self) -> bool:
+        """Whether equal scores are ordered by the documents' ids (built with ``ids``), not rows."""
+        return self._id_rank is not None
+
+    def _set_id_rank(self, rank: np.ndarray | None) -> None:
+        if rank is not None and len(rank) != len(self):
+            raise ValueError(
+                f"{len(rank)} ids were given for {len(self)} texts; pass one id per text"
+            )
+        self._id_rank = rank
 
     # -- building ---------------------------------------------------------------------------
 
@@ -515,14 +571,18 @@ class BM25Index:
         b: float = 0.4,
         path: str | Path | None = None,
         show_progress: bool = False,
+        ids: Iterable[str] | None = None,
     ) -> BM25Index:
         """Index ``texts`` (row i = i-th text) with the given backend.
 
         ``path``: where to write the index (saved atomically); required for ``"pyserini"``
         (Lucene indexes live on disk), optional for ``"bm25s"`` (kept in memory otherwise).
-        ``show_progress`` shows a tqdm bar over the texts.
+        ``show_progress`` shows a tqdm bar over the texts. ``ids``: the documents' ids, one per
+        text (converted with ``str``); equal scores then come in Anserini's order of these ids
+        (see the module docstring), else in row order.
         """
         backend = _resolve_backend(backend)
+        rank = id_rank(ids) if ids is not None else None
         if backend == "pyserini":
             if path is None:
                 raise ValueError(
@@ -530,9 +590,10 @@ class BM25Index:
                     "BM25Index.build, or use backend='bm25s' for an in-memory index"
                 )
             return _lucene_build(
-                cls, texts, k1=k1, b=b, path=Path(path), show_progress=show_progress
+                cls, texts, k1=k1, b=b, path=Path(path), show_progress=show_progress, rank=rank
             )
         index = cls._build_bm25s(texts, k1=k1, b=b, show_progress=show_progress)
+        index._set_id_rank(rank)
         if path is not None:
             index.save(path)
         return index
@@ -649,6 +710,8 @@ class BM25Index:
         try:
             if self.backend == "bm25s":
                 self._bm25.save(tmp, show_progress=False)
+                if self._id_rank is not None:
+                    np.save(tmp / ID_RANK_FILE, np.asarray(self._id_rank))
             else:
                 if self.path is None or self.path.resolve() == path.resolve():
                     shutil.rmtree(tmp)
@@ -685,6 +748,8 @@ class BM25Index:
         meta = json.loads(meta_path.read_text())
         backend = meta["backend"]
         index = cls(backend=backend, k1=meta["k1"], b=meta["b"], n_docs=meta["n_docs"])
+        if (path / ID_RANK_FILE).is_file():
+            index._set_id_rank(np.load(path / ID_RANK_FILE, mmap_mode="r" if mmap else None))
         if backend == "pyserini":
             _lucene_open(index, path)
             return index
@@ -729,6 +794,33 @@ class BM25Index:
         return out
 
     def _search_bm25s(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        from agentgym.retrieval import pruned
+
+        if self.pruning and pruned.warm_up():  # numpy until the kernels are compiled
+            return self._search_pruned(queries, k)
+        return self._search_exhaustive(queries, k)
+
+    def _search_pruned(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top k by block-max MaxScore in compiled code: one call for the whole batch."""
+        from agentgym.retrieval.pruned import PrunedIndex
+
+        assert self._vocab is not None
+        if self._pruned is None:
+            with self._pruned_lock:  # once per index, on the first search
+                if self._pruned is None:
+                    s = self._bm25.scores
+                    self._pruned = PrunedIndex(
+                        s["data"], s["indices"], s["indptr"], self._id_rank, len(self)
+                    )
+        raw = [_raw_tokens(q if isinstance(q, str) else str(q)) for q in queries]
+        query_ptr = np.fromiter(
+            itertools.accumulate(map(len, raw), initial=0), dtype=np.int64, count=len(raw) + 1
+        )
+        term_ids = self._vocab.encode([t for r in raw for t in r], grow=False)
+        return self._pruned.search(query_ptr, term_ids, k)
+
+    def _search_exhaustive(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top k by scoring every posting of the query's terms with numpy."""
         rows, scores = _empty_results(len(queries), k)
         if not len(queries) or not len(self):
             return rows, scores
@@ -753,7 +845,7 @@ class BM25Index:
                 # dense accumulator, O(postings + docs): select the top k on it directly
                 acc = np.bincount(docs, weights=vals, minlength=n_docs).astype(np.float32)
                 kth = acc[np.argpartition(acc, n_docs - k)[n_docs - k :]].min() if n_docs > k else 0
-                # every document tied with the k-th score, so that ties resolve by row below
+                # every document tied with the k-th score, so that ties resolve by id below
                 # (comparing first: flatnonzero of a bool mask is ~15x faster than of floats)
                 docs = np.flatnonzero(acc >= kth) if kth > 0 else np.flatnonzero(acc > 0)
                 vals = acc[docs]
@@ -762,11 +854,13 @@ class BM25Index:
                 vals = np.bincount(inverse, weights=vals, minlength=len(docs))
             vals = vals.astype(np.float32)
             if len(vals) > k:
-                # keep everything tied with the k-th score so that ties resolve by row below
+                # keep everything tied with the k-th score so that ties resolve by id below
                 kth = np.partition(vals, len(vals) - k)[len(vals) - k]
                 keep = vals >= kth
                 docs, vals = docs[keep], vals[keep]
-            order = np.lexsort((docs, -vals))[:k]
+            # score descending, then Anserini's id order (the row when built without ids)
+            tie = docs if self._id_rank is None else self._id_rank[docs]
+            order = np.lexsort((tie, -vals))[:k]
             rows[qi, : len(order)] = docs[order]
             scores[qi, : len(order)] = vals[order]
         return rows, scores
@@ -785,6 +879,8 @@ class BM25Retriever:
 
     ``documents`` is any sequence of records (a list, or an on-disk store with ``__getitem__``
     and ``__len__``), row-aligned with ``index``; a hit's ``doc_id`` is ``str(doc[id_field])``.
+    Equal scores come in Anserini's order of those ids when ``index`` was built with them
+    (:meth:`from_documents` and ``agentgym retrieval index`` do so), else in row order.
     """
 
     def __init__(self, index: BM25Index, documents: Sequence[dict], id_field: str = "id") -> None:
@@ -809,11 +905,13 @@ class BM25Retriever:
         b: float = 0.4,
         path: str | Path | None = None,
         show_progress: bool = False,
+        id_field: str = "id",
     ) -> BM25Retriever:
         """Index ``doc[text_field]`` of every document and wrap the index as a retriever.
 
         ``path`` is where the index is written; a pyserini index without one goes to a temporary
-        directory that :meth:`close` removes.
+        directory that :meth:`close` removes. Equal scores come in Anserini's order of
+        ``str(doc[id_field])`` (see the module docstring).
         """
         backend = _resolve_backend(backend)
         owned = None
@@ -832,13 +930,19 @@ class BM25Retriever:
 
         try:
             index = BM25Index.build(
-                _Sized(), backend=backend, k1=k1, b=b, path=path, show_progress=show_progress
+                _Sized(),
+                backend=backend,
+                k1=k1,
+                b=b,
+                path=path,
+                show_progress=show_progress,
+                ids=[str(doc[id_field]) for doc in documents],
             )
         except BaseException:
             if owned is not None:
                 shutil.rmtree(owned, ignore_errors=True)
             raise
-        retriever = cls(index, documents)
+        retriever = cls(index, documents, id_field=id_field)
         retriever._owned_dir = owned
         return retriever
 
@@ -871,8 +975,8 @@ class BM25Retriever:
 # ---------------------------------------------------------------------------------------------
 
 
-# Rows are stored as zero-padded ids: Anserini breaks score ties by the id string, which then
-# orders ties by row exactly as the bm25s backend does.
+# Rows are stored as zero-padded ranks in id order: Anserini breaks score ties by the id string,
+# which then orders ties as it would over the real ids (as the bm25s backend does).
 _ID_WIDTH = 12
 # Java's String.trim() strips code points <= U+0020; such documents are not indexed by Anserini.
 _JAVA_BLANK = "".join(map(chr, range(33)))
@@ -906,13 +1010,15 @@ def _lucene_build(
     b: float,
     path: Path,
     show_progress: bool,
+    rank: np.ndarray | None,
 ) -> BM25Index:
     """Index ``texts`` with Anserini's ``SimpleIndexer`` (pyserini's on-the-fly indexer).
 
     Same settings as ``python -m pyserini.index.lucene --collection JsonCollection`` with its
     defaults: ``DefaultEnglishAnalyzer`` (Porter, stop words removed) and the default document
-    generator, one document ``{"id", "contents"}`` per text. One indexing thread keeps Lucene's
-    internal doc ids in row order.
+    generator, one document ``{"id", "contents"}`` per text. The Lucene id of row r is its rank
+    in id order (``rank[r]``, or r without ids), zero-padded: Lucene's own tie order on it is
+    then Anserini's order of the real ids, and the id maps back to the row through an array.
     """
     indexer_cls = _anserini("io.anserini.index.SimpleIndexer")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -927,11 +1033,18 @@ def _lucene_build(
                 if not isinstance(text, str):
                     raise TypeError(f"BM25Index.build takes strings; row {n_docs} is {type(text)}")
                 if text.strip(_JAVA_BLANK):  # Anserini refuses (and logs) empty documents
-                    doc = {"id": f"{n_docs:0{_ID_WIDTH}d}", "contents": _java_safe(text)}
+                    lucene_id = n_docs if rank is None else int(rank[n_docs])
+                    doc = {"id": f"{lucene_id:0{_ID_WIDTH}d}", "contents": _java_safe(text)}
                     writer.addRawDocument(json.dumps(doc))
                 n_docs += 1
         finally:
             writer.close()
+        if rank is not None:
+            if len(rank) != n_docs:
+                raise ValueError(
+                    f"{len(rank)} ids were given for {n_docs} texts; pass one per text"
+                )
+            np.save(tmp / ID_RANK_FILE, rank)
         meta = {"format": FORMAT_VERSION, "backend": "pyserini", "k1": k1, "b": b, "n_docs": n_docs}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
         replace_dir(tmp, path)
@@ -939,6 +1052,7 @@ def _lucene_build(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     index = cls(backend="pyserini", k1=k1, b=b, n_docs=n_docs)
+    index._set_id_rank(rank)
     _lucene_open(index, path)
     return index
 
@@ -950,6 +1064,8 @@ def _lucene_open(index: BM25Index, path: Path) -> None:
     searcher = _anserini("io.anserini.search.SimpleSearcher")(str(path / LUCENE_SUBDIR))
     searcher.set_bm25(float(index.k1), float(index.b))
     index._lucene, index.path = searcher, path
+    if index._id_rank is not None:  # Lucene ids are ranks: rank -> row
+        index._lucene_rows = np.argsort(index._id_rank).astype(np.int64)
 
 
 def lucene_float_scores(
@@ -1002,7 +1118,8 @@ def lucene_float_scores(
 def _lucene_search(
     index: BM25Index, queries: Sequence[str], k: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Search with ``SimpleSearcher``: bag-of-words query, BM25, ties by id, scores rounded to 1e-4."""
+    """Search with ``SimpleSearcher``: bag-of-words query, BM25, ties by Lucene id (the rank in
+    id order), scores rounded to 1e-4 (with Anserini's 1e-6 nudges between tied scores)."""
     rows, scores = _empty_results(len(queries), k)
     if not len(queries):
         return rows, scores
@@ -1014,4 +1131,6 @@ def _lucene_search(
         for j, hit in enumerate(hits or ()):
             rows[i, j] = int(hit.docid)
             scores[i, j] = hit.score
+    if index._lucene_rows is not None:
+        rows = np.where(rows >= 0, index._lucene_rows[np.maximum(rows, 0)], -1)
     return rows, scores

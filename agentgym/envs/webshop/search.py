@@ -7,10 +7,10 @@ pyserini's ``DefaultLuceneDocumentGenerator`` and searches it with ``LuceneSearc
 through the shared BM25 layer (:class:`agentgym.retrieval.sparse.BM25Index`): ``"bm25s"`` (the
 default; Lucene's scoring without a JVM) or ``"pyserini"`` (a real Lucene index, opt-in).
 
-Ties: products with mathematically equal BM25 scores come in row (catalogue) order with bm25s.
-Lucene orders them by the float rounding of its clause sums, which depends on the index's
-layout, so stock WebShop's own index can list such tied products in another order (the ranking
-is otherwise the same; ``benchmarks/bench_webshop.py`` counts how often this happens).
+Ties: stock WebShop's index holds each product under its asin, and Anserini orders equal BM25
+scores by that id as a string; both backends here do the same (the index is built with the
+asins as ids), so result pages list tied products in stock's order
+(``benchmarks/bench_webshop.py`` compares our pages with stock's as they are).
 
 One :class:`ProductSearch` per (catalogue, backend) per process (:func:`product_search`), shared
 by every env; its index is built once and kept on disk under
@@ -86,8 +86,10 @@ class ProductSearch:
         if self.path is not None and self.path.is_dir():
             try:
                 index = BM25Index.load(self.path, mmap=True)
-                if len(index) == len(self.catalogue.products):
+                # an index saved without the asins would order ties by row: rebuild it
+                if len(index) == len(self.catalogue.products) and index.ties_by_id:
                     return index
+                index.close()
             except (FileNotFoundError, ValueError, KeyError, OSError):
                 pass  # a stale or foreign folder: rebuild over it
         return BM25Index.build(
@@ -95,6 +97,7 @@ class ProductSearch:
             backend=self.backend,
             path=self.path,
             show_progress=len(self.catalogue.products) >= PERSIST_MIN_PRODUCTS,
+            ids=[p["asin"] for p in self.catalogue.products],  # stock's Lucene ids: its tie order
         )
 
     def search(self, query: str) -> np.ndarray:
