@@ -255,6 +255,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except OSError as exc:
         _say(f"error: cannot write to {out_dir} ({exc.strerror or exc}); pass a writable --out-dir")
         return 2
+    if args.llama_server is not None and args.policy == "scored":
+        trajectories.close()
+        _say(
+            "error: --policy scored needs prompt log-probs (/v1/completions with echo), which "
+            "llama-server does not return; use --model smollm2-135m for scored actions"
+        )
+        return 2
     server = None
     try:
         if args.llama_server is not None:

@@ -139,6 +139,11 @@ class LlamaServer:
         return f"http://{self.host}:{self.port}"
 
     @property
+    def pid(self) -> int | None:
+        """The server process's id while it runs (to read its CPU time), else None."""
+        return self._proc.pid if self.running else None
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
