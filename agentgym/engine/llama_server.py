@@ -21,6 +21,12 @@ free cores is far slower, not faster (on 2 shared cores ``-t 2`` decoded at 2.8 
 ``-t 1`` at 13 ms). The default is one thread; give it more only where cores are idle.
 Slots (``-np``): requests decoded together, each with its own share of the context
 (``ctx_per_slot`` tokens). Match them to the engine's ``concurrency``.
+
+Sampling: each request's temperature and top-p, over the whole distribution (the server starts
+with ``--top-k 0 --min-p 0``; llama.cpp's defaults would also cut to the top 40 tokens), with a
+fresh random seed per request. The log-probs it returns are those of the model's distribution
+before temperature and top-p (as vLLM's), so at temperature 1 and top-p 1 they are the
+log-probs of the distribution sampled.
 """
 
 from __future__ import annotations
@@ -166,6 +172,12 @@ class LlamaServer:
             str(self.threads),
             "--threads-batch",
             str(self.threads),
+            # sample from the whole distribution at the request's temperature and top-p, as the
+            # local policy does; llama.cpp's defaults also cut to the top 40 tokens and min-p 0.05
+            "--top-k",
+            "0",
+            "--min-p",
+            "0",
             *self.extra_args,
         ]
 

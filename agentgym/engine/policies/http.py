@@ -224,7 +224,9 @@ class OpenAIChatPolicy(Policy):
         retries: further tries after a timeout, a connection error, a 5xx/429 answer or an
             unreadable reply, with exponential backoff from ``backoff`` seconds.
         logprobs: ask for the sampled tokens' ids and log-probs (``logprobs: true,
-            top_logprobs: 1``); kept when returned (vLLM, llama.cpp).
+            top_logprobs: 1``); kept when returned (vLLM, llama.cpp). Both servers return the
+            log-probs of the model's distribution before temperature and top-p (the local
+            policy records them at the sampling temperature: the same at temperature 1).
         max_reply_bytes: replies larger than this (after decompression) are not read; the turn
             fails with ``error_kind="bad_response"``.
 
