@@ -30,10 +30,15 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from agentgym.cli_args import int_at_least, resolve_env_id
+from agentgym.engine.policies.base import Messages, Policy, PolicyOutput, SamplingParams
 from agentgym.io import atomic_write_json
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from agentgym.engine.llama_server import LlamaServer
+    from agentgym.engine.runner import EpisodeRecord
 
 __all__ = ["add_parser", "cmd_eval", "cmd_models", "main"]
 
@@ -139,7 +144,7 @@ def _build_policy(args: argparse.Namespace):
     )
 
 
-def _start_llama_server(args: argparse.Namespace):
+def _start_llama_server(args: argparse.Namespace) -> LlamaServer:
     """Start ``--llama-server`` and point ``--base-url`` at it; the server, to stop later."""
     from agentgym.engine.llama_server import LlamaServer
 
@@ -158,18 +163,20 @@ def _start_llama_server(args: argparse.Namespace):
     return server
 
 
-class _Progress:
+class _Progress(Policy):
     """Wraps a policy to show turns, tokens and failed turns on the progress bar as each turn
     comes back (a long episode otherwise shows nothing until it ends)."""
 
-    def __init__(self, inner, bar):
+    def __init__(self, inner: Policy, bar: Any):
         self.inner = inner
         self.plain_actions = inner.plain_actions
         self.bar = bar
         self.turns = self.tokens = self.failed = 0
         self._shown = 0.0
 
-    async def act(self, messages, params, info=None):
+    async def act(
+        self, messages: Messages, params: SamplingParams, info: dict[str, Any] | None = None
+    ) -> PolicyOutput:
         out = await self.inner.act(messages, params, info)
         self.turns += 1
         self.failed += out.error is not None
@@ -190,7 +197,7 @@ class _Progress:
         return self.inner.describe()
 
 
-def _problem(runnable: list[str], finished: list) -> tuple[int, str] | None:
+def _problem(runnable: list[str], finished: list[EpisodeRecord]) -> tuple[int, str] | None:
     """(exit status, why) when the run produced nothing to evaluate, else None."""
     from collections import Counter
 
@@ -285,13 +292,13 @@ def _evaluate(
     env_ids: list[str],
     out_dir: Path,
     trajectories: IO[str],
-    policy: Any,
-    server: Any,
+    policy: Policy,
+    server: LlamaServer | None,
 ) -> int:
     """Check the envs, play the episodes, write and print the results; the exit status."""
-    from agentgym.engine.policies import PolicyUnavailable, SamplingParams
+    from agentgym.engine.policies import PolicyUnavailable
     from agentgym.engine.report import format_table, summarize
-    from agentgym.engine.runner import EpisodeRecord, RolloutEngine, make_episodes
+    from agentgym.engine.runner import RolloutEngine, make_episodes
 
     skipped: dict[str, str] = {}
     for env_id in env_ids:
