@@ -67,16 +67,31 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
-def start_llama(binary: str, slots: int, threads: int, log: Path) -> tuple[Any, str, list]:
+def start_llama(
+    binary: str, slots: int, threads: int, log: Path, extra: list[str]
+) -> tuple[Any, str, list]:
     """``llama-server`` with the suite's GGUF on loopback; (server, base URL, the command)."""
     from agentgym.engine import LlamaServer, LlamaServerError
 
-    server = LlamaServer(binary, slots=slots, threads=threads, log_path=log)
+    # no prompt cache in RAM, and slots that can be erased: every run starts cold, so neither
+    # arm reuses the prompts the other arm's run (the same greedy episodes) left behind
+    cold = ["--cache-ram", "0", "--slot-save-path", str(log.parent)]
+    server = LlamaServer(
+        binary, slots=slots, threads=threads, log_path=log, extra_args=[*cold, *extra]
+    )
     try:
         server.start()
     except LlamaServerError as exc:
         sys.exit(str(exc))
     return server, server.base_url, server.command
+
+
+def erase_slots(url: str, slots: int) -> None:
+    """Empty every llama-server slot (its cached prompt and KV), so the next run starts cold."""
+    for slot in range(slots):
+        request = urllib.request.Request(f"{url}/slots/{slot}?action=erase", b"", method="POST")
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            reply.read()
 
 
 def start_server(folder: Path, threads: int, log: Path, extra: list[str]) -> tuple[Any, str, list]:
@@ -182,6 +197,8 @@ def run_once(url: str, specs, args, lockstep: bool, server_pid: int) -> dict[str
         finally:
             await policy.aclose()
 
+    if args.server == "llama":
+        erase_slots(url, args.slots or args.concurrency)
     server_cpu, client_cpu = cpu_seconds(server_pid), time.process_time()
     records = asyncio.run(go())
     server_cpu, client_cpu = cpu_seconds(server_pid) - server_cpu, time.process_time() - client_cpu
@@ -281,7 +298,7 @@ def main() -> None:
     ap.add_argument("--settings", default="varied,uniform")
     ap.add_argument("--sample-s", type=float, default=0.25)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--serve-arg", action="append", default=[], help="extra serve flag")
+    ap.add_argument("--serve-arg", action="append", default=[], help="extra server flag")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "async_rollout.json"))
     args = ap.parse_args()
@@ -306,7 +323,7 @@ def main() -> None:
 
         folder = gguf_file("smollm2-135m")
         server, url, cmd = start_llama(
-            args.llama_server, args.slots or args.concurrency, args.threads, log
+            args.llama_server, args.slots or args.concurrency, args.threads, log, args.serve_arg
         )
         pid = server.pid
     else:
