@@ -1,10 +1,14 @@
 """Async against lockstep rollouts: the same episodes against the same real batching server.
 
-Starts ``transformers serve <SmolLM2-135M-Instruct folder> --device cpu --continuous-batching``
-on 127.0.0.1, then plays the same episodes with :class:`agentgym.engine.RolloutEngine` twice per
-repeat, once async (every episode its own coroutine) and once in lockstep (generate for every
-active episode, then step every one), greedy so both arms see the same model text. Both arms get
-the same request limit and the same number of episodes running at once (``--concurrency``).
+The server is llama.cpp's ``llama-server`` (``--server llama``, started by
+:class:`agentgym.engine.LlamaServer` with the suite's SmolLM2-135M-Instruct GGUF, one thread,
+``--slots`` parallel slots) or ``transformers serve <SmolLM2 folder> --device cpu
+--continuous-batching`` (``--server transformers``), on 127.0.0.1. The same episodes are played
+with :class:`agentgym.engine.RolloutEngine` twice per repeat, once async (every episode its own
+coroutine) and once in lockstep (generate for every active episode, then step every one),
+greedy so both arms see the same model text, with the sampled token ids and log-probs recorded
+(where the server returns them: llama.cpp does). Both arms get the same request limit and the
+same number of episodes running at once (``--concurrency``).
 
 Two settings, interleaved repeat by repeat (async, lockstep, lockstep, async, ...) so both arms
 of each comparison see the same machine load:
@@ -14,12 +18,14 @@ of each comparison see the same machine load:
   episode on its own, so the cap is what sets the length, as a long ALFWorld game would);
 - ``uniform``: every episode the same cap (the mean of the varied caps, rounded).
 
-Per run: wall time, requests in flight over time (sampled every 0.25 s) with the time-weighted
-mean and peak, and where the time goes: per episode, time waiting for and in generation, time
-in env steps, and the rest (waiting on the other episodes of a lockstep round).
+Per run: wall time, CPU time (the server's and this process's), requests in flight over time
+(sampled every 0.25 s) with the time-weighted mean and peak, and where the time goes: per
+episode, time waiting for and in generation, time in env steps, and the rest (waiting on the
+other episodes of a lockstep round).
 
-    python benchmarks/bench_async_rollout.py                 # ~6-10 min on 2 loaded CPU cores
-    python benchmarks/bench_async_rollout.py --quick         # a smoke run
+    python benchmarks/bench_async_rollout.py --server llama --llama-server PATH   # ~10 min
+    python benchmarks/bench_async_rollout.py --server transformers                # ~6-10 min
+    python benchmarks/bench_async_rollout.py --server llama --quick               # a smoke run
 """
 
 from __future__ import annotations
@@ -50,6 +56,42 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux ``/proc``), 0 where unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def start_llama(
+    binary: str, slots: int, threads: int, log: Path, extra: list[str]
+) -> tuple[Any, str, list]:
+    """``llama-server`` with the suite's GGUF on loopback; (server, base URL, the command)."""
+    from agentgym.engine import LlamaServer, LlamaServerError
+
+    # no prompt cache in RAM, and slots that can be erased: every run starts cold, so neither
+    # arm reuses the prompts the other arm's run (the same greedy episodes) left behind
+    cold = ["--cache-ram", "0", "--slot-save-path", str(log.parent)]
+    server = LlamaServer(
+        binary, slots=slots, threads=threads, log_path=log, extra_args=[*cold, *extra]
+    )
+    try:
+        server.start()
+    except LlamaServerError as exc:
+        sys.exit(str(exc))
+    return server, server.base_url, server.command
+
+
+def erase_slots(url: str, slots: int) -> None:
+    """Empty every llama-server slot (its cached prompt and KV), so the next run starts cold."""
+    for slot in range(slots):
+        request = urllib.request.Request(f"{url}/slots/{slot}?action=erase", b"", method="POST")
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            reply.read()
 
 
 def start_server(folder: Path, threads: int, log: Path, extra: list[str]) -> tuple[Any, str, list]:
@@ -132,11 +174,11 @@ def episodes(env_id: str, caps: list[int], seed: int):
     ]
 
 
-def run_once(url: str, specs, args, lockstep: bool) -> dict[str, Any]:
+def run_once(url: str, specs, args, lockstep: bool, server_pid: int) -> dict[str, Any]:
     from agentgym.engine import OpenAIChatPolicy, RolloutEngine, SamplingParams
 
     # a fresh client per run: its connections belong to this run's event loop
-    policy = Recorded(OpenAIChatPolicy(url, logprobs=False, timeout=600, retries=2))
+    policy = Recorded(OpenAIChatPolicy(url, logprobs=True, timeout=600, retries=2))
 
     engine = RolloutEngine(
         policy,
@@ -155,7 +197,11 @@ def run_once(url: str, specs, args, lockstep: bool) -> dict[str, Any]:
         finally:
             await policy.aclose()
 
+    if args.server == "llama":
+        erase_slots(url, args.slots or args.concurrency)
+    server_cpu, client_cpu = cpu_seconds(server_pid), time.process_time()
     records = asyncio.run(go())
+    server_cpu, client_cpu = cpu_seconds(server_pid) - server_cpu, time.process_time() - client_cpu
     engine.close()
     stats = engine.stats
     gen = [sum(t.latency_s for t in r.turns) for r in records]
@@ -166,7 +212,14 @@ def run_once(url: str, specs, args, lockstep: bool) -> dict[str, Any]:
     return {
         "mode": "lockstep" if lockstep else "async",
         "wall_s": stats.wall_s,
+        "server_cpu_s": server_cpu,
+        "client_cpu_s": client_cpu,
         "turns": stats.turns,
+        "turns_with_token_ids_and_logprobs": sum(
+            bool(t.token_ids) and len(t.token_ids) == len(t.logprobs or ())
+            for r in records
+            for t in r.turns
+        ),
         "requests": stats.requests,
         "completion_tokens": tokens,
         "prompt_tokens": sum(t.prompt_tokens or 0 for r in records for t in r.turns),
@@ -191,7 +244,7 @@ def run_once(url: str, specs, args, lockstep: bool) -> dict[str, Any]:
     }
 
 
-def batching_probe(url: str, n: int, max_tokens: int) -> dict[str, float]:
+def batching_probe(url: str, n: int, max_tokens: int) -> dict[str, Any]:
     """Wall time of one request alone, then of ``n`` identical ones sent at once: whether (and
     how much) the server batches concurrent requests on this machine."""
     from agentgym.engine import OpenAIChatPolicy, SamplingParams
@@ -223,27 +276,36 @@ def batching_probe(url: str, n: int, max_tokens: int) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--server", choices=["llama", "transformers"], default="llama")
+    ap.add_argument(
+        "--llama-server",
+        default=os.environ.get("AGENTGYM_LLAMA_SERVER"),
+        help="the llama-server binary ($AGENTGYM_LLAMA_SERVER)",
+    )
+    ap.add_argument("--slots", type=int, default=None, help="llama-server slots (--concurrency)")
     ap.add_argument("--env", default="AgentGym/Corridor-v0")
-    ap.add_argument("--episodes", type=int, default=8)
+    ap.add_argument("--episodes", type=int, default=16)
     ap.add_argument(
         "--caps",
         default="1,6,1,4,1,6,2,3",
         help="'varied': episode i's step cap is the i-th (cycled)",
     )
-    ap.add_argument("--concurrency", type=int, default=4, help="requests and episodes at once")
+    ap.add_argument("--concurrency", type=int, default=8, help="requests and episodes at once")
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--history-length", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1, help="server's torch/OMP threads")
+    ap.add_argument("--threads", type=int, default=1, help="server's threads (-t, or OMP)")
     ap.add_argument("--settings", default="varied,uniform")
     ap.add_argument("--sample-s", type=float, default=0.25)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--serve-arg", action="append", default=[], help="extra serve flag")
+    ap.add_argument("--serve-arg", action="append", default=[], help="extra server flag")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "async_rollout.json"))
     args = ap.parse_args()
     if args.quick:
         args.episodes, args.caps, args.repeats, args.max_tokens = 4, "1,3,1,2", 1, 8
+    if args.server == "llama" and not args.llama_server:
+        sys.exit("--server llama needs --llama-server PATH (or $AGENTGYM_LLAMA_SERVER)")
 
     from agentgym.models import model_path
 
@@ -253,37 +315,51 @@ def main() -> None:
     settings = {"varied": varied, "uniform": uniform}
     settings = {k: settings[k] for k in args.settings.split(",")}
 
-    folder = model_path("smollm2-135m")
     log = Path(tempfile.mkdtemp(prefix="agentgym-serve-")) / "serve.log"
     load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
-    proc, url, cmd = start_server(folder, args.threads, log, args.serve_arg)
+    if args.server == "llama":
+        from agentgym.models import gguf_file
+
+        folder = gguf_file("smollm2-135m")
+        server, url, cmd = start_llama(
+            args.llama_server, args.slots or args.concurrency, args.threads, log, args.serve_arg
+        )
+        pid = server.pid
+    else:
+        folder = model_path("smollm2-135m")
+        server, url, cmd = start_server(folder, args.threads, log, args.serve_arg)
+        pid = server.pid
     start_s = time.perf_counter() - t0
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in settings}
     try:
         # warm-up: the first request pays for lazy setup on the server
-        run_once(url, episodes(args.env, [1], args.seed + 1000), args, lockstep=False)
+        run_once(url, episodes(args.env, [1], args.seed + 1000), args, False, pid)
         probe = batching_probe(url, args.concurrency, args.max_tokens)
         print(f"batching probe: {probe}", file=sys.stderr, flush=True)
         for rep in range(args.repeats):
             for name, caps in settings.items():
                 order = [False, True] if rep % 2 == 0 else [True, False]
                 for lockstep in order:
-                    result = run_once(url, episodes(args.env, caps, args.seed), args, lockstep)
+                    result = run_once(url, episodes(args.env, caps, args.seed), args, lockstep, pid)
                     result["repeat"] = rep
                     runs[name].append(result)
                     print(
                         f"[{name} rep {rep}] {result['mode']:<8} {result['wall_s']:6.1f} s  "
-                        f"in flight {result['in_flight_mean']:.2f}  load {result['load_average_1m']:.1f}",
+                        f"cpu {result['server_cpu_s']:6.1f} s  in flight "
+                        f"{result['in_flight_mean']:.2f}  load {result['load_average_1m']:.1f}",
                         file=sys.stderr,
                         flush=True,
                     )
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        if args.server == "llama":
+            server.stop()
+        else:
+            server.terminate()
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
 
     summary: dict[str, Any] = {}
     for name, results in runs.items():
@@ -306,6 +382,17 @@ def main() -> None:
             "total_turn_cap": sum(settings[name]),
             "wall_s_median": med,
             "speedup_lockstep_over_async": med["lockstep"] / med["async"],
+            "server_cpu_s_median": {
+                m: statistics.median(r["server_cpu_s"] for r in rs) for m, rs in by.items()
+            },
+            "client_cpu_s_median": {
+                m: statistics.median(r["client_cpu_s"] for r in rs) for m, rs in by.items()
+            },
+            "turns_with_token_ids_and_logprobs": {
+                m: f"{sum(r['turns_with_token_ids_and_logprobs'] for r in rs)} of "
+                f"{sum(r['turns'] for r in rs)}"
+                for m, rs in by.items()
+            },
             "speedup_per_repeat": pairs,
             "in_flight_mean_median": {
                 m: statistics.median(r["in_flight_mean"] for r in rs) for m, rs in by.items()
@@ -334,11 +421,17 @@ def main() -> None:
     for results in runs.values():
         for r in results:
             r.pop("actions")
+    server_name = (
+        "llama.cpp llama-server"
+        if args.server == "llama"
+        else "transformers serve --continuous-batching"
+    )
     report = {
-        "benchmark": "async vs lockstep rollouts against transformers serve --continuous-batching",
+        "benchmark": f"async vs lockstep rollouts against {server_name}",
         "command": "python benchmarks/bench_async_rollout.py " + " ".join(sys.argv[1:]),
         "server": {
-            "command": " ".join(["transformers", *cmd[1:]]),
+            "kind": args.server,
+            "command": " ".join([Path(cmd[0]).name, *cmd[1:]]),
             "env": {"OMP_NUM_THREADS": args.threads, "MKL_NUM_THREADS": args.threads},
             "start_s": start_s,
             "batching_probe": probe,

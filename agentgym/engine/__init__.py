@@ -8,6 +8,7 @@ Importing this package imports neither torch nor httpx: each policy imports its 
 built.
 """
 
+from agentgym.engine.llama_server import LlamaServer, LlamaServerError
 from agentgym.engine.policies import (
     OpenAIChatPolicy,
     OpenAICompletionsScorer,
@@ -34,6 +35,8 @@ __all__ = [
     "EngineStats",
     "EpisodeRecord",
     "EpisodeSpec",
+    "LlamaServer",
+    "LlamaServerError",
     "OpenAIChatPolicy",
     "OpenAICompletionsScorer",
     "Policy",

@@ -2,6 +2,7 @@
 
 agentgym eval AgentGym/Sokoban-v0 --model smollm2-135m --tasks 4 --group-size 2 --max-episode-steps 8
 agentgym eval Sokoban-v0 ALFWorld-Synthetic-v0 --base-url http://127.0.0.1:8000 --temperature 0
+agentgym eval Corridor-v0 --llama-server ~/llama.cpp/build/bin/llama-server --group-size 4 --temperature 1
 agentgym eval ALFWorld-Synthetic-v0 --model smollm2-135m --policy scored
 agentgym models get smollm2-135m
 
@@ -10,6 +11,14 @@ initial state, with the family's LLM prompt and action format; it prints a table
 writes ``results.json`` (summaries and settings, atomically) and ``trajectories.jsonl`` (every
 turn of every episode, appended as each episode finishes) to ``--out-dir``. Ctrl-C stops the run
 and writes what has finished.
+
+``--llama-server PATH`` starts that llama.cpp ``llama-server`` on 127.0.0.1 with a GGUF model
+(``--gguf``, default the suite's SmolLM2-135M-Instruct), evaluates against it and stops it.
+
+Exit status: 0 when the model answered; 1 when nothing useful ran (no episode played a turn, or
+every turn failed: the server was down or refused every request); 2 for a setup error (bad
+arguments, no env id that can run, a server that refuses the first request: a wrong
+``--served-model``, path or key); 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -21,10 +30,15 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from agentgym.cli_args import add_max_episode_steps, int_at_least, resolve_env_id
+from agentgym.engine.policies.base import Messages, Policy, PolicyOutput, SamplingParams
 from agentgym.io import atomic_write_json
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from agentgym.engine.llama_server import LlamaServer
+    from agentgym.engine.runner import EpisodeRecord
 
 __all__ = ["add_parser", "cmd_eval", "cmd_models", "main"]
 
@@ -92,6 +106,7 @@ def _model_folder(name_or_path: str) -> str:
 
 
 def _build_policy(args: argparse.Namespace):
+    """The policy the arguments ask for (``--llama-server`` has been started: ``base_url``)."""
     from agentgym.engine.policies import (
         OpenAIChatPolicy,
         OpenAICompletionsScorer,
@@ -129,6 +144,84 @@ def _build_policy(args: argparse.Namespace):
     )
 
 
+def _start_llama_server(args: argparse.Namespace) -> LlamaServer:
+    """Start ``--llama-server`` and point ``--base-url`` at it; the server, to stop later."""
+    from agentgym.engine.llama_server import LlamaServer
+
+    server = LlamaServer(
+        args.llama_server,
+        args.gguf,
+        slots=args.llama_slots or args.concurrency,
+        threads=args.llama_threads,
+        ctx_per_slot=args.llama_ctx,
+        extra_args=args.llama_arg,
+    )
+    _say(f"starting {server.binary} with {server.model_file.name}")
+    server.start()
+    _say(f"llama-server ready at {server.base_url} in {server.start_s:.1f} s")
+    args.base_url, args.served_model = server.base_url, server.model
+    return server
+
+
+class _Progress(Policy):
+    """Wraps a policy to show turns, tokens and failed turns on the progress bar as each turn
+    comes back (a long episode otherwise shows nothing until it ends)."""
+
+    def __init__(self, inner: Policy, bar: Any):
+        self.inner = inner
+        self.plain_actions = inner.plain_actions
+        self.bar = bar
+        self.turns = self.tokens = self.failed = 0
+        self._shown = 0.0
+
+    async def act(
+        self, messages: Messages, params: SamplingParams, info: dict[str, Any] | None = None
+    ) -> PolicyOutput:
+        out = await self.inner.act(messages, params, info)
+        self.turns += 1
+        self.failed += out.error is not None
+        self.tokens += out.completion_tokens or len(out.token_ids or ())
+        now = time.monotonic()
+        if now - self._shown > 0.5:  # redrawing on every turn would cost more than the turn
+            self._shown = now
+            postfix = {"turns": self.turns, "tokens": self.tokens}
+            if self.failed:
+                postfix["failed"] = self.failed
+            self.bar.set_postfix(postfix)
+        return out
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def describe(self) -> dict[str, Any]:
+        return self.inner.describe()
+
+
+def _problem(runnable: list[str], finished: list[EpisodeRecord]) -> tuple[int, str] | None:
+    """(exit status, why) when the run produced nothing to evaluate, else None."""
+    from collections import Counter
+
+    if not runnable:
+        return 2, "nothing to evaluate: no env id could run (see the lines above)"
+    if not finished:
+        return 1, "no episode finished"
+    turns = [t for r in finished for t in r.turns]
+    if not turns:
+        ends = Counter(r.end_reason for r in finished)
+        first = next((r.error for r in finished if r.error), None)
+        return 1, f"no episode played a turn ({dict(ends)})" + (
+            f"; first: {first}" if first else ""
+        )
+    failed = [t for t in turns if t.error is not None]
+    if len(failed) == len(turns):
+        kinds = dict(Counter(t.error_kind or "error" for t in failed))
+        return 1, (
+            f"every one of the {len(turns)} turns failed {kinds}, no model answer was recorded; "
+            f"the first: {failed[0].error}"
+        )
+    return None
+
+
 def _check_env(env_id: str, args: argparse.Namespace, plain: bool) -> str | None:
     """Build the env once (warming its caches) and reset it on the first task: why it cannot
     be evaluated, or None."""
@@ -153,10 +246,8 @@ def _check_env(env_id: str, args: argparse.Namespace, plain: bool) -> str | None
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """Run the evaluation; exit 0 when it ran (whatever the model scored), 2 on bad setup."""
-    from agentgym.engine.policies import PolicyUnavailable, SamplingParams
-    from agentgym.engine.report import format_table, summarize
-    from agentgym.engine.runner import EpisodeRecord, RolloutEngine, make_episodes
+    """Run the evaluation; the exit status is in the module's docstring."""
+    from agentgym.engine.llama_server import LlamaServerError
     from agentgym.models import ModelNotAvailable
 
     try:
@@ -171,11 +262,43 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except OSError as exc:
         _say(f"error: cannot write to {out_dir} ({exc.strerror or exc}); pass a writable --out-dir")
         return 2
+    if args.llama_server is not None and args.policy == "scored":
+        trajectories.close()
+        _say(
+            "error: --policy scored needs prompt log-probs (/v1/completions with echo), which "
+            "llama-server does not return; use --model smollm2-135m for scored actions"
+        )
+        return 2
+    server = None
     try:
+        if args.llama_server is not None:
+            server = _start_llama_server(args)
         policy = _build_policy(args)
-    except (ModelNotAvailable, ValueError, OSError, ImportError) as exc:
+    except (ModelNotAvailable, LlamaServerError, ValueError, OSError, ImportError) as exc:
+        if server is not None:
+            server.stop()
+        trajectories.close()
         _say(f"error: {exc}")
         return 2
+    try:
+        return _evaluate(args, env_ids, out_dir, trajectories, policy, server)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _evaluate(
+    args: argparse.Namespace,
+    env_ids: list[str],
+    out_dir: Path,
+    trajectories: IO[str],
+    policy: Policy,
+    server: LlamaServer | None,
+) -> int:
+    """Check the envs, play the episodes, write and print the results; the exit status."""
+    from agentgym.engine.policies import PolicyUnavailable
+    from agentgym.engine.report import format_table, summarize
+    from agentgym.engine.runner import RolloutEngine, make_episodes
 
     skipped: dict[str, str] = {}
     for env_id in env_ids:
@@ -196,6 +319,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from tqdm import tqdm
 
         bar = tqdm(total=len(specs), desc="episodes", unit="ep", file=sys.stderr)
+        policy = _Progress(policy, bar)
 
     def on_episode(record: EpisodeRecord) -> None:
         finished.append(record)
@@ -240,9 +364,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             # never the API key: results files get shared
             **{k: v for k, v in vars(args).items() if k not in ("func", "api_key")},
             "policy_info": policy.describe(),
+            **({"server": server.describe()} if server is not None else {}),
             "sampling": vars(params) if hasattr(params, "__dict__") else str(params),
         },
-        "complete": not interrupted and fatal is None,
+        "complete": not interrupted and fatal is None and len(finished) == len(specs) > 0,
         "episodes_planned": len(specs),
         "episodes_finished": len(finished),
         "skipped": skipped,
@@ -253,11 +378,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         done = [r for r in finished if r.env_id == env_id]
         if not done:
             continue
-        summary = summarize(done)
+        summary = summarize(done, group_size=args.group_size, temperature=args.temperature)
         results["envs"][env_id] = summary
         print(format_table(env_id, summary))
+        for warning in summary["warnings"]:
+            _say(f"warning ({env_id}): {warning}")
+    problem = None if interrupted or fatal else _problem(runnable, finished)
     if fatal:
         results["error"] = fatal
+    elif problem is not None:
+        results["error"] = problem[1]
+    results["ok"] = not interrupted and fatal is None and problem is None
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / "results.json", results, indent=2, default=str)
     if interrupted:
@@ -269,6 +400,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if fatal:
         _say(f"error: {fatal}")
         return 2
+    if problem is not None:
+        _say(f"error: {problem[1]} (details in {out_dir / 'results.json'})")
+        return problem[0]
     _say(f"wrote {out_dir / 'results.json'} and {out_dir / 'trajectories.jsonl'}")
     return 0
 
@@ -306,6 +440,41 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     source.add_argument(
         "--base-url", help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000"
+    )
+    source.add_argument(
+        "--llama-server",
+        metavar="PATH",
+        help="start this llama.cpp llama-server binary on 127.0.0.1 with --gguf, evaluate "
+        "against it, stop it",
+    )
+    p.add_argument(
+        "--gguf",
+        default=None,
+        help="with --llama-server: a GGUF file or smollm2-135m (default smollm2-135m)",
+    )
+    p.add_argument(
+        "--llama-slots",
+        type=_positive_int,
+        default=None,
+        help="with --llama-server: requests decoded at once (default: --concurrency)",
+    )
+    p.add_argument(
+        "--llama-threads",
+        type=_positive_int,
+        default=1,
+        help="with --llama-server: CPU threads (1; more than free cores is far slower)",
+    )
+    p.add_argument(
+        "--llama-ctx",
+        type=int_at_least(64),
+        default=2048,
+        help="with --llama-server: context tokens per slot (2048)",
+    )
+    p.add_argument(
+        "--llama-arg",
+        action="append",
+        default=[],
+        help="with --llama-server: one more flag for it (repeat; e.g. --llama-arg=--no-warmup)",
     )
     p.add_argument(
         "--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token ($OPENAI_API_KEY)"

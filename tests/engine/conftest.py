@@ -17,13 +17,51 @@ from pathlib import Path
 import pytest
 
 
+def _gzip_bomb(inflated: int) -> bytes:
+    """A gzip body that inflates to ``inflated`` zero bytes, compressed chunk by chunk."""
+    import zlib
+
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: gzip framing
+    chunk = bytes(1 << 20)
+    parts = [packer.compress(chunk) for _ in range(inflated >> 20)]
+    return b"".join(parts) + packer.flush()
+
+
+def _llama_cpp_logprobs(pieces: list[tuple[int, str, float]]) -> dict:
+    """A chat choice's ``logprobs`` as llama.cpp's server writes it
+    (``completion_token_output::probs_vector_to_json``, tools/server/server-task.cpp)."""
+    content = []
+    for tok, text, logprob in pieces:
+        top = [{"id": tok, "token": text, "bytes": list(text.encode()), "logprob": logprob}]
+        content.append(
+            {
+                "id": tok,
+                "token": text,
+                "bytes": list(text.encode()),
+                "logprob": logprob,
+                "top_logprobs": top,
+            }
+        )
+    return {"content": content}
+
+
 class _Faulty(BaseHTTPRequestHandler):
-    """``/<mode>/v1/...``: ``500`` answers HTTP 500, ``garbage`` 200 with non-JSON, ``slow``
-    sleeps past any short timeout, ``flaky`` answers 500 once per client then a valid reply,
-    ``ok`` a valid chat completion carrying vLLM-style token ids and log-probs."""
+    """``/<mode>[-<key>]/v1/...`` (hits are counted per ``<mode>-<key>``, so a test gets its
+    own count): ``500`` answers HTTP 500, ``garbage`` 200 with non-JSON, ``slow`` sleeps past
+    any short timeout, ``flaky`` answers 503 on odd hits then a valid reply, ``ok`` a valid chat
+    completion carrying vLLM-style token ids and log-probs, ``llama`` one in llama.cpp's form
+    (log-probs only when asked with ``top_logprobs`` >= 1, as llama.cpp does), ``model404``
+    404 as vLLM does for an unknown model, ``flip`` a valid reply on odd hits and 400 on even
+    ones, ``busy`` 429 with ``Retry-After: 1`` on odd hits, ``trickle`` a valid reply at one
+    byte per 0.2 s, ``huge`` a valid 10 MB reply, ``gzip`` a 300 MB gzip bomb, ``badusage``
+    usage counts that are not numbers, ``hang`` waits until the client closes the connection
+    and records that it did (``closed``)."""
 
     hits: dict[str, int] = {}
+    closed: dict[str, float] = {}
+    requests: dict[str, dict] = {}
     lock = threading.Lock()
+    _bomb: bytes | None = None
 
     def log_message(self, *args):  # keep pytest output clean
         pass
@@ -44,11 +82,61 @@ class _Faulty(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802
         length = int(self.headers.get("Content-Length") or 0)
         request = json.loads(self.rfile.read(length) or b"{}")
-        mode = self.path.strip("/").split("/")[0]
+        key = self.path.strip("/").split("/")[0]
+        mode = key.split("-")[0]
         with self.lock:
-            self.hits[mode] = self.hits.get(mode, 0) + 1
-            count = self.hits[mode]
-        if mode == "500":
+            self.hits[key] = self.hits.get(key, 0) + 1
+            count = self.hits[key]
+            self.requests[key] = request
+        if mode == "hang":
+            self._wait_for_close(key)
+        elif mode == "model404":
+            self._reply(404, b'{"error": {"message": "The model does not exist.", "code": 404}}')
+        elif mode == "flip" and count % 2 == 0:
+            self._reply(400, b'{"error": "bad request"}')
+        elif mode == "busy" and count % 2 == 1:
+            self.send_response(429)
+            self.send_header("Retry-After", "1")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif mode == "trickle":
+            body = json.dumps(_chat_reply("slowly", None)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            try:
+                for byte in body:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+        elif mode == "huge":
+            self._reply(200, json.dumps(_chat_reply("a" * 10_000_000, None)).encode())
+        elif mode == "gzip":
+            with self.lock:
+                if _Faulty._bomb is None:
+                    _Faulty._bomb = _gzip_bomb(300 << 20)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(self._bomb)))
+            self.end_headers()
+            try:
+                self.wfile.write(self._bomb)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+        elif mode == "badusage":
+            body = _chat_reply("<think>go</think><action>red</action>", None)
+            body["usage"] = {"prompt_tokens": "many", "completion_tokens": float("nan")}
+            self._reply(200, json.dumps(body).encode())  # NaN: Python's json writes it
+        elif mode == "llama":
+            pieces = [(27, "<", -0.5), (11462, "think", -0.125)]
+            asked = request.get("logprobs") and (request.get("top_logprobs") or 0) > 0
+            body = _chat_reply("<think", _llama_cpp_logprobs(pieces) if asked else None)
+            self._reply(200, json.dumps(body).encode())
+        elif mode == "500":
             self._reply(500, b'{"error": "internal"}')
         elif mode == "garbage":
             self._reply(200, b"<html>this is not json{", "text/html")
@@ -60,26 +148,36 @@ class _Faulty(BaseHTTPRequestHandler):
             self._reply(422, b'{"detail": "Unexpected fields: {\'return_tokens_as_token_ids\'}"}')
         elif mode == "flaky" and count % 2 == 1:
             self._reply(503, b"busy")
-        else:  # ok, and flaky's second try
+        else:  # ok, and the good answers of flaky, flip and busy
             content = [
                 {"token": "token_id:60", "logprob": -0.25},
                 {"token": "token_id:61", "logprob": -1.5},
             ]
-            body = {
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {
-                            "role": "assistant",
-                            "content": "<think>go</think><action>red</action>",
-                        },
-                        "finish_reason": "stop",
-                        "logprobs": {"content": content},
-                    }
-                ],
-                "usage": {"prompt_tokens": 11, "completion_tokens": 2},
-            }
+            body = _chat_reply("<think>go</think><action>red</action>", {"content": content})
             self._reply(200, json.dumps(body).encode())
+
+    def _wait_for_close(self, key: str) -> None:
+        """Hold the request open until the client hangs up (at most 30 s); note when."""
+        import select
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.connection], [], [], 0.05)
+            if ready and not self.connection.recv(1, socket.MSG_PEEK):
+                with self.lock:
+                    self.closed[key] = time.monotonic()
+                return
+
+
+def _chat_reply(text: str, logprobs: dict | None) -> dict:
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "finish_reason": "stop",
+    }
+    if logprobs is not None:
+        choice["logprobs"] = logprobs
+    return {"choices": [choice], "usage": {"prompt_tokens": 11, "completion_tokens": 2}}
 
 
 @pytest.fixture(scope="session")
@@ -95,6 +193,12 @@ def faulty_server():
     yield f"http://127.0.0.1:{server.server_address[1]}", f"http://127.0.0.1:{down_port}"
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def faulty_log():
+    """What the misbehaving server saw: ``hits``, ``requests`` and ``closed`` per path key."""
+    return _Faulty
 
 
 @pytest.fixture(scope="session")

@@ -29,8 +29,52 @@ def _root(base_url: str) -> str:
     return url if url.endswith("/v1") else url + "/v1"
 
 
+#: the largest reply body read, after decompression (a chat reply is a few kB; a server that
+#: sends more is broken, and a small gzip reply can inflate to gigabytes)
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+
+#: the longest ``Retry-After`` honoured, in seconds (a longer one is waited this long)
+MAX_RETRY_AFTER_S = 60.0
+
+
+class _ReplyTooLarge(Exception):
+    """The reply body passed the size limit (the connection is dropped, the rest unread)."""
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (seconds or an HTTP date), None when the
+    header is absent or unreadable."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        from email.utils import parsedate_to_datetime
+
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    if seconds != seconds:  # NaN
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+def _count(value: Any) -> int | None:
+    """A usage count from a reply: a finite number >= 0 as an int, anything else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if value != value or value in (float("inf"), float("-inf")) or value < 0:
+        return None
+    return int(value)
+
+
 class _HTTPClient:
-    """httpx.AsyncClient with timeouts, retries with backoff, and failures as values."""
+    """httpx.AsyncClient with a deadline per request, retries with backoff, a cap on the reply
+    size, and failures as values."""
 
     def __init__(
         self,
@@ -41,6 +85,7 @@ class _HTTPClient:
         retries: int,
         backoff: float,
         max_connections: int,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
     ):
         import httpx
 
@@ -50,6 +95,7 @@ class _HTTPClient:
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
+        self.max_reply_bytes = max_reply_bytes
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._httpx = httpx
         self.client = httpx.AsyncClient(
@@ -59,53 +105,73 @@ class _HTTPClient:
             limits=httpx.Limits(max_connections=max_connections),
         )
 
+    async def _send(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> tuple[int, Any, bytes]:
+        """(status, headers, body) of one request, read at most ``max_reply_bytes`` (decoded).
+
+        Leaving the ``stream`` block early (the size limit, a deadline, a cancelled episode)
+        closes the connection, so the server sees the request abandoned."""
+        async with self.client.stream(method, path, json=body) as reply:
+            declared = reply.headers.get("content-length", "")
+            encoded = reply.headers.get("content-encoding", "identity") not in ("", "identity")
+            if not encoded and declared.isdigit() and int(declared) > self.max_reply_bytes:
+                raise _ReplyTooLarge
+            chunks, size = [], 0
+            async for chunk in reply.aiter_bytes():
+                size += len(chunk)
+                if size > self.max_reply_bytes:
+                    raise _ReplyTooLarge
+                chunks.append(chunk)
+            return reply.status_code, reply.headers, b"".join(chunks)
+
     async def post(
         self, path: str, body: dict[str, Any]
     ) -> tuple[dict | None, str | None, str | None, int]:
-        """(JSON reply, error, error kind, attempts). Retries connection errors, timeouts and
-        5xx/429 answers with exponential backoff; a 4xx other than 429 is not retried."""
+        """(JSON reply, error, error kind, attempts).
+
+        Each attempt has ``timeout`` seconds in all (connecting, waiting and reading: a server
+        trickling bytes is cut off at the deadline). Connection errors, timeouts, unreadable
+        replies and 5xx/429 answers are retried with exponential backoff, or after the server's
+        ``Retry-After`` where it sends one; a 4xx other than 429 and a reply over the size limit
+        are not retried."""
         httpx = self._httpx
+        url = f"{self.base_url}{path}"
         error, kind = "no attempt", "connection"
+        wait: float | None = None
         for attempt in range(1, self.retries + 2):
             if attempt > 1:
-                await asyncio.sleep(self.backoff * 2 ** (attempt - 2) * (0.5 + random.random()))
+                if wait is None:
+                    wait = self.backoff * 2 ** (attempt - 2) * (0.5 + random.random())
+                await asyncio.sleep(wait)
+            wait = None
             try:
-                reply = await self.client.post(path, json=body)
-            except httpx.TimeoutException:
-                error, kind = (
-                    f"no answer from {self.base_url}{path} within {self.timeout:g} s",
-                    "timeout",
-                )
+                async with asyncio.timeout(self.timeout):
+                    status, headers, raw = await self._send("POST", path, body)
+            except (TimeoutError, httpx.TimeoutException):
+                error, kind = f"no complete answer from {url} within {self.timeout:g} s", "timeout"
                 continue
+            except _ReplyTooLarge:
+                error = f"reply from {url} larger than {self.max_reply_bytes} bytes; not read"
+                return None, error, "bad_response", attempt
             except httpx.HTTPError as exc:
-                error, kind = (
-                    f"cannot reach {self.base_url}{path}: {type(exc).__name__}: {exc}",
-                    "connection",
-                )
+                error, kind = f"cannot reach {url}: {type(exc).__name__}: {exc}", "connection"
                 continue
-            if reply.status_code != 200:
-                snippet = reply.text[:200].replace("\n", " ")
-                error, kind = (
-                    f"HTTP {reply.status_code} from {self.base_url}{path}: {snippet}",
-                    "http_status",
-                )
-                if reply.status_code in (429,) or reply.status_code >= 500:
+            if status != 200:
+                snippet = raw[:200].decode("utf-8", "replace").replace("\n", " ")
+                error, kind = f"HTTP {status} from {url}: {snippet}", "http_status"
+                if status == 429 or status >= 500:
+                    wait = _retry_after(headers.get("retry-after"))
                     continue
                 return None, error, kind, attempt
             try:
-                data = reply.json()
+                data = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError):
-                snippet = reply.text[:120].replace("\n", " ")
-                error, kind = (
-                    f"unreadable JSON from {self.base_url}{path}: {snippet!r}",
-                    "bad_response",
-                )
+                snippet = raw[:120].decode("utf-8", "replace").replace("\n", " ")
+                error, kind = f"unreadable JSON from {url}: {snippet!r}", "bad_response"
                 continue
             if not isinstance(data, dict):
-                error, kind = (
-                    f"unexpected JSON from {self.base_url}{path}: {str(data)[:120]}",
-                    "bad_response",
-                )
+                error, kind = f"unexpected JSON from {url}: {str(data)[:120]}", "bad_response"
                 continue
             return data, None, None, attempt
         return None, error, kind, self.retries + 1
@@ -114,18 +180,32 @@ class _HTTPClient:
         """The served model: the one given, else the first of ``GET /v1/models`` (asked once)."""
         async with self._model_lock:
             if self.model is None:
-                listing = await self.get("/models")
-                try:
-                    self.model = str(listing["data"][0]["id"])  # type: ignore[index]
-                except (TypeError, KeyError, IndexError):
+                served = await self.served_models()
+                if not served:
                     return "default"  # ask again next turn: the server may still be starting
+                self.model = served[0]
             return self.model
+
+    async def served_models(self) -> list[str] | None:
+        """The ids listed by ``GET /v1/models``, or None when the server does not list them."""
+        listing = await self.get("/models")
+        try:
+            return [str(m["id"]) for m in listing["data"]]  # type: ignore[index]
+        except (TypeError, KeyError):
+            return None
 
     async def get(self, path: str) -> dict | None:
         try:
-            reply = await self.client.get(path)
-            return reply.json() if reply.status_code == 200 else None
-        except (self._httpx.HTTPError, json.JSONDecodeError, UnicodeDecodeError):
+            async with asyncio.timeout(self.timeout):
+                status, _, raw = await self._send("GET", path)
+            return json.loads(raw) if status == 200 else None
+        except (
+            TimeoutError,
+            _ReplyTooLarge,
+            self._httpx.HTTPError,
+            json.JSONDecodeError,
+            UnicodeDecodeError,
+        ):
             return None
 
     async def aclose(self) -> None:
@@ -143,7 +223,16 @@ class OpenAIChatPolicy(Policy):
         timeout: seconds per request.
         retries: further tries after a timeout, a connection error, a 5xx/429 answer or an
             unreadable reply, with exponential backoff from ``backoff`` seconds.
-        logprobs: ask for the sampled tokens' log-probs (``logprobs: true``); kept when returned.
+        logprobs: ask for the sampled tokens' ids and log-probs (``logprobs: true,
+            top_logprobs: 1``); kept when returned (vLLM, llama.cpp). Both servers return the
+            log-probs of the model's distribution before temperature and top-p (the local
+            policy records them at the sampling temperature: the same at temperature 1).
+        max_reply_bytes: replies larger than this (after decompression) are not read; the turn
+            fails with ``error_kind="bad_response"``.
+
+    A 4xx answer other than 429 before any request has succeeded (a wrong ``model`` name, a
+    wrong path, a refused key) raises :class:`PolicyUnavailable`: every later turn would get the
+    same answer. After a first success it is a failed turn like any other.
     """
 
     def __init__(
@@ -157,11 +246,13 @@ class OpenAIChatPolicy(Policy):
         backoff: float = 0.5,
         logprobs: bool = True,
         max_connections: int = 256,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
     ):
         self.http = _HTTPClient(
-            base_url, api_key, model, timeout, retries, backoff, max_connections
+            base_url, api_key, model, timeout, retries, backoff, max_connections, max_reply_bytes
         )
         self.logprobs = logprobs
+        self._answered = False  # a request has succeeded: a later 4xx is that turn's failure
         # vLLM's extension field; strict servers (transformers serve) answer 422 to unknown
         # fields, so it is dropped for good after the first such answer.
         self._token_ids_field = logprobs
@@ -178,9 +269,10 @@ class OpenAIChatPolicy(Policy):
             "max_tokens": params.max_tokens,
         }
         if self.logprobs:
-            # vLLM returns each sampled token as "token_id:<id>" with this flag, so the ids
-            # trained are the ids sampled (no re-tokenisation of the text).
-            body.update(logprobs=True, top_logprobs=0)
+            # top_logprobs 1, not 0: llama.cpp returns no log-probs at all for 0. vLLM returns
+            # each sampled token as "token_id:<id>" with the flag below, llama.cpp gives its
+            # "id": the ids trained are the ids sampled (no re-tokenisation of the text).
+            body.update(logprobs=True, top_logprobs=1)
         if self._token_ids_field:
             body["return_tokens_as_token_ids"] = True
         data, error, kind, attempts = await self.http.post("/chat/completions", body)
@@ -194,6 +286,8 @@ class OpenAIChatPolicy(Policy):
             del body["return_tokens_as_token_ids"]
             data, error, kind, attempts = await self.http.post("/chat/completions", body)
         latency = time.perf_counter() - started
+        if data is None and not self._answered and _client_error(error):
+            raise PolicyUnavailable(await self._refused(error))
         if data is None:
             return PolicyOutput(
                 "", latency_s=latency, error=error, error_kind=kind, attempts=attempts
@@ -213,18 +307,28 @@ class OpenAIChatPolicy(Policy):
                 error_kind="bad_response",
                 attempts=attempts,
             )
+        self._answered = True
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         token_ids, logprobs = _chat_logprobs(choice.get("logprobs"))
         return PolicyOutput(
             text,
             token_ids=token_ids,
             logprobs=logprobs,
-            prompt_tokens=usage.get("prompt_tokens"),
-            completion_tokens=usage.get("completion_tokens"),
+            prompt_tokens=_count(usage.get("prompt_tokens")),
+            completion_tokens=_count(usage.get("completion_tokens")),
             latency_s=latency,
             finish_reason=choice.get("finish_reason"),
             attempts=attempts,
         )
+
+    async def _refused(self, error: str) -> str:
+        """What to tell the user when the server refuses the first request."""
+        served = await self.http.served_models()
+        model = self.http.model
+        hint = f"the server refuses the first request ({error})"
+        if served and model not in served:
+            return f"{hint}; it serves {', '.join(served)}, not {model!r}: check --served-model"
+        return f"{hint}; check --base-url, --served-model and --api-key"
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -236,17 +340,24 @@ class OpenAIChatPolicy(Policy):
 def _chat_logprobs(block: Any) -> tuple[list[int] | None, list[float] | None]:
     """Token ids and log-probs from a chat choice's ``logprobs.content`` (None when absent).
 
-    Ids come from vLLM's ``token_id:<id>`` tokens (``return_tokens_as_token_ids``); servers that
-    return token strings give log-probs only."""
+    One entry per sampled token, ``{"token": ..., "logprob": ...}``. The id is llama.cpp's
+    ``"id": <int>`` field, or vLLM's ``"token": "token_id:<id>"`` (with
+    ``return_tokens_as_token_ids``); servers that give neither give log-probs only. A
+    log-prob that is not a finite number <= 0 (NaN, a string) drops them all.
+    """
     try:
         content = block["content"]
         logprobs = [float(t["logprob"]) for t in content]
     except (TypeError, KeyError, ValueError):
         return None, None
+    if not all(lp <= 0.0 and lp != float("-inf") for lp in logprobs):  # NaN fails <= too
+        return None, None
     ids: list[int] | None = []
     for t in content:
-        token = t.get("token", "")
-        if isinstance(token, str) and token.startswith("token_id:") and token[9:].isdigit():
+        token, token_id = t.get("token", ""), t.get("id")
+        if isinstance(token_id, int) and not isinstance(token_id, bool) and token_id >= 0:
+            ids.append(token_id)
+        elif isinstance(token, str) and token.startswith("token_id:") and token[9:].isdigit():
             ids.append(int(token[9:]))
         else:
             ids = None
