@@ -71,6 +71,7 @@ if __name__ == "__main__":
 import numpy as np
 import torch
 
+from agentgym.engine import Policy, SamplingParams, ScoredActionPolicy, TransformersPolicy
 from agentgym.io import atomic_write_text
 from trainers.gigpo import checkpoint
 from trainers.gigpo.advantage import Estimator, advantage_estimator, compute_advantage
@@ -107,14 +108,12 @@ from trainers.gigpo.multienv import (
     split_groups,
 )
 from trainers.gigpo.packing import INFERENCE_FACTOR, auto_token_budget, supports_varlen
-from trainers.gigpo.policy import HFPolicy, VLLMPolicy
 from trainers.gigpo.rollout import (
     RolloutBatch,
     collect_stepwise,
     collect_tree,
     make_group_env,
 )
-from trainers.gigpo.scored import ScoredActionPolicy
 
 
 # ----------------------------------------------------------------------------------------------
@@ -470,7 +469,13 @@ def episode_metrics(prefix: str, batch: RolloutBatch) -> dict[str, float]:
 
 
 def evaluate(
-    config: Config, eval_venv: Any, policy: Any, phase: Any, iteration: int, samples: int
+    config: Config,
+    eval_venv: Any,
+    policy: Any,
+    params: SamplingParams,
+    phase: Any,
+    iteration: int,
+    samples: int,
 ) -> dict[str, Any]:
     """Greedy (by default) episodes on the same held-out tasks every time (a fixed seed);
     the record logged as ``eval/...`` at ``iteration``."""
@@ -480,9 +485,9 @@ def evaluate(
     batch = collect_any(
         eval_venv,
         RolloutProgress(policy, phase, eval_venv.num_envs, "eval"),
+        params,
         seed=seed,
         options=_split_options(config.eval_split),
-        temperature=config.eval_temperature,
     )
     record = {"iteration": iteration, "samples": samples}
     record.update(episode_metrics("eval", batch))
@@ -496,6 +501,65 @@ def evaluated_at(history: list[dict[str, Any]], iteration: int) -> bool:
     """Whether ``history`` holds an evaluation at ``iteration`` (a checkpoint written after the
     final evaluation already holds it)."""
     return any(r["iteration"] == iteration and "eval/success_rate" in r for r in history)
+
+
+def build_policy(
+    config: Config,
+    model: Any,
+    tokenizer: Any,
+    autocast: Callable[[], Any],
+    device: torch.device,
+    compute_dtype: torch.dtype,
+) -> Policy:
+    """The engine's policy the rollouts sample from: the scored-action policy over the trained
+    model, vLLM (its weights synced after every update), or the trained model itself."""
+    if config.generation_backend not in ("hf", "vllm"):
+        raise ValueError(
+            f"generation_backend must be 'hf' or 'vllm', got {config.generation_backend!r}"
+        )
+    if config.generation_backend == "vllm" and config.policy != "scored":
+        from agentgym.engine.policies.vllm import VLLMPolicy
+
+        if config.model == "tiny":
+            raise ValueError("the vLLM backend needs a real model path (--model ...), not 'tiny'")
+        policy: Policy = VLLMPolicy(
+            config.model,
+            tokenizer,
+            max_prompt_tokens=config.max_prompt_tokens,
+            gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+            seed=config.seed,
+        )
+        policy.sync_weights(model)
+        return policy
+    local = TransformersPolicy(
+        model,
+        tokenizer,
+        max_batch=config.generation_batch_size,
+        max_prompt_tokens=config.max_prompt_tokens,
+        seed=None,  # torch's generator is the trainer's (seeded, checkpointed)
+        autocast=autocast,
+        decoder="static" if config.hf_generation == "static" else "generate",
+        compile=config.compile_decode,
+        # On GPU the decoder reads a bf16 copy of the weights (synced after each update).
+        generation_dtype=compute_dtype
+        if device.type == "cuda" and compute_dtype != torch.float32
+        else None,
+    )
+    if config.policy == "scored":  # choose among admissible actions (trainers/gigpo/scored.py)
+        return ScoredActionPolicy(
+            local,
+            seed=None,
+            token_temperature=config.temperature if config.temperature > 0 else 1.0,
+        )
+    return local
+
+
+def sampling_params(config: Config) -> tuple[SamplingParams, SamplingParams]:
+    """How rollouts and evaluations sample (for the scored policy the temperature is the softmax
+    temperature over actions)."""
+    temperature = config.action_temperature if config.policy == "scored" else config.temperature
+    rollout = SamplingParams(temperature, config.top_p, config.max_new_tokens)
+    return rollout, dataclasses.replace(rollout, temperature=config.eval_temperature)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -598,50 +662,8 @@ def train(config: Config) -> list[dict[str, Any]]:
 
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
 
-    if config.policy == "scored":  # choose among admissible actions (trainers/gigpo/scored.py)
-        policy: Any = ScoredActionPolicy(
-            model,
-            tokenizer,
-            token_temperature=config.temperature if config.temperature > 0 else 1.0,
-            action_temperature=config.action_temperature,
-            max_prompt_tokens=config.max_prompt_tokens,
-            autocast=autocast,
-        )
-    elif config.generation_backend == "vllm":
-        if config.model == "tiny":
-            raise ValueError("the vLLM backend needs a real model path (--model ...), not 'tiny'")
-        policy = VLLMPolicy(
-            config.model,
-            tokenizer,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            max_new_tokens=config.max_new_tokens,
-            max_prompt_tokens=config.max_prompt_tokens,
-            gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-            seed=config.seed,
-        )
-        policy.sync_weights(model)
-    elif config.generation_backend == "hf":
-        policy = HFPolicy(
-            model,
-            tokenizer,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            max_new_tokens=config.max_new_tokens,
-            max_prompt_tokens=config.max_prompt_tokens,
-            batch_size=config.generation_batch_size,
-            autocast=autocast,
-            fast=config.hf_generation == "static",
-            compile=config.compile_decode,
-            # On GPU the decoder reads a bf16 copy of the weights (synced after each update).
-            generation_dtype=compute_dtype
-            if device.type == "cuda" and compute_dtype != torch.float32
-            else None,
-        )
-    else:
-        raise ValueError(
-            f"generation_backend must be 'hf' or 'vllm', got {config.generation_backend!r}"
-        )
+    policy = build_policy(config, model, tokenizer, autocast, device, compute_dtype)
+    params, eval_params = sampling_params(config)
 
     # The estimator chosen by name: its options come from the config, its inputs from the batch.
     estimator = advantage_estimator(config.advantage)
@@ -717,7 +739,9 @@ def train(config: Config) -> list[dict[str, Any]]:
             if eval_venv is not None and it % config.eval_every == 0:
                 if not evaluated_at(history, it):
                     samples = it * venv.num_envs
-                    emit(evaluate(config, eval_venv, policy, console.phase, it, samples))
+                    emit(
+                        evaluate(config, eval_venv, policy, eval_params, console.phase, it, samples)
+                    )
             t_iter = time.perf_counter()
 
             # ROLLOUT ---------------------------------------------------------------------
@@ -726,6 +750,7 @@ def train(config: Config) -> list[dict[str, Any]]:
                 batch = collect_stepwise(
                     venv,
                     progress,
+                    params,
                     judge,
                     selection_temperature=config.selection_temperature,
                     seed=config.seed * 1_000_003 + it,
@@ -735,6 +760,7 @@ def train(config: Config) -> list[dict[str, Any]]:
                 batch = collect_tree(
                     venv,
                     progress,
+                    params,
                     branch_points=config.branch_points,
                     continuations=config.continuations,
                     branch_span=config.branch_span,
@@ -745,6 +771,7 @@ def train(config: Config) -> list[dict[str, Any]]:
                 batch = collect_any(
                     venv,
                     progress,
+                    params,
                     seed=config.seed * 1_000_003 + it,
                     options=_split_options(config.train_split),
                 )
@@ -923,7 +950,17 @@ def train(config: Config) -> list[dict[str, Any]]:
         # EVALUATE and CHECKPOINT the final policy --------------------------------------
         done = config.iterations
         if eval_venv is not None and not evaluated_at(history, done):
-            emit(evaluate(config, eval_venv, policy, console.phase, done, done * venv.num_envs))
+            emit(
+                evaluate(
+                    config,
+                    eval_venv,
+                    policy,
+                    eval_params,
+                    console.phase,
+                    done,
+                    done * venv.num_envs,
+                )  # fmt: skip
+            )
         if config.save_final and last_saved != done and (done > start or not resuming_in_place):
             ctrl_c.must_finish = True  # a Ctrl-C now would only cut the final save short
             save(done)

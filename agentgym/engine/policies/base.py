@@ -1,8 +1,11 @@
-"""The policy contract: one turn in, one :class:`PolicyOutput` out."""
+"""The policy contract: one turn in, one :class:`PolicyOutput` out; or every live episode's
+turn of a lockstep round in, one output each out."""
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +34,13 @@ class PolicyOutput:
     text: str
     """the model's raw text ("" when there is none, see ``error``)"""
     token_ids: list[int] | None = None
-    """the sampled token ids, when the backend gives them"""
+    """the sampled token ids (up to and including the end-of-turn token where one was sampled),
+    when the backend gives them: the ids a trainer trains"""
     logprobs: list[float] | None = None
-    """the log-prob of each sampled token under the sampling distribution, when given"""
+    """the log-prob of each sampled token under the sampling distribution (full distribution at
+    the sampling temperature, before top-p), when given"""
+    prompt_ids: list[int] | None = None
+    """the chat-templated prompt's token ids the answer was sampled after (in-process policies)"""
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     latency_s: float = 0.0
@@ -49,10 +56,20 @@ class PolicyOutput:
     attempts: int = 1
     messages: list[dict[str, str]] | None = None
     """the messages actually sent, where the policy changed the ones it was given"""
+    policy_version: int | str | None = None
+    """the policy version in force when the request was sent (set by the engine)"""
 
 
 class Policy(ABC):
-    """A model that answers one turn: chat messages in, text (and tokens) out."""
+    """A model that answers turns: chat messages in, text (and tokens) out.
+
+    Two ways in, one contract: :meth:`act` answers one turn (the engine's per-episode
+    coroutines call it); :meth:`act_batch` / :meth:`generate` answer every live episode's turn
+    of a lockstep round at once (asynchronously / from synchronous code, as the trainer does).
+    The defaults of the batch methods call :meth:`act` concurrently; an in-process model
+    overrides :meth:`generate` with one batched forward. :meth:`sync_weights` loads a trainer's
+    weights after an update (nothing to do for a policy that samples from the trained model).
+    """
 
     #: whether :meth:`act` wants the plain action format (the reply is an action, not a
     #: ``<think>``/``<action>`` response); the scored policy does
@@ -67,6 +84,32 @@ class Policy(ABC):
     ) -> PolicyOutput:
         """Answer one turn. ``info`` is the env's info of the current state (the scored policy
         reads its candidate actions). Never raises for a model or server failure."""
+
+    async def act_batch(
+        self,
+        messages: Sequence[Messages],
+        params: SamplingParams,
+        infos: Sequence[dict[str, Any] | None] | None = None,
+    ) -> list[PolicyOutput]:
+        """Answer many turns (one per episode), outputs in the order given."""
+        infos = list(infos) if infos is not None else [None] * len(messages)
+        return list(
+            await asyncio.gather(
+                *(self.act(m, params, i) for m, i in zip(messages, infos, strict=True))
+            )
+        )
+
+    def generate(
+        self,
+        messages: Sequence[Messages],
+        params: SamplingParams,
+        infos: Sequence[dict[str, Any] | None] | None = None,
+    ) -> list[PolicyOutput]:
+        """:meth:`act_batch` for synchronous callers (no event loop running in this thread)."""
+        return asyncio.run(self.act_batch(messages, params, infos))
+
+    def sync_weights(self, model: Any) -> None:  # noqa: B027 - optional hook
+        """Load ``model``'s current weights where the policy samples from a copy of them."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release connections and threads."""
