@@ -19,6 +19,7 @@ import numpy as np
 from agentgym.engine.lockstep import play_episodes
 from agentgym.engine.policies import Policy as EnginePolicy
 from agentgym.engine.policies import PolicyOutput, SamplingParams
+from agentgym.engine.policies.base import Infos, Messages
 from agentgym.vector import GroupVectorEnv, Trajectory
 
 __all__ = [
@@ -58,10 +59,7 @@ class FunctionPolicy(EnginePolicy):
         self.fn, self.rng = fn, rng
 
     def generate(
-        self,
-        messages: Sequence[list[dict[str, str]]],
-        params: SamplingParams,
-        infos: Sequence[dict[str, Any] | None] | None = None,
+        self, messages: Sequence[Messages], params: SamplingParams, infos: Infos = None
     ) -> list[PolicyOutput]:
         obs = [m[-1]["content"] for m in messages]
         actions = self.fn(obs, [i or {} for i in (infos or [None] * len(obs))], self.rng)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 Messages = list[dict[str, str]]
+#: the env infos of a batch of turns, one per conversation (None: none given)
+Infos = Sequence[dict[str, Any] | None] | None
 
 
 class PolicyUnavailable(RuntimeError):
@@ -59,6 +61,28 @@ class PolicyOutput:
     policy_version: int | str | None = None
     """the policy version in force when the request was sent (set by the engine)"""
 
+    @classmethod
+    def sampled(
+        cls,
+        text: str,
+        prompt_ids: list[int],
+        token_ids: list[int],
+        logprobs: list[float],
+        latency_s: float,
+        finish_reason: str | None,
+    ) -> PolicyOutput:
+        """An in-process model's answer: the prompt's and the sampled ids, with the counts."""
+        return cls(
+            text,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            prompt_ids=prompt_ids,
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(token_ids),
+            latency_s=latency_s,
+            finish_reason=finish_reason,
+        )
+
 
 class Policy(ABC):
     """A model that answers turns: chat messages in, text (and tokens) out.
@@ -86,10 +110,7 @@ class Policy(ABC):
         reads its candidate actions). Never raises for a model or server failure."""
 
     async def act_batch(
-        self,
-        messages: Sequence[Messages],
-        params: SamplingParams,
-        infos: Sequence[dict[str, Any] | None] | None = None,
+        self, messages: Sequence[Messages], params: SamplingParams, infos: Infos = None
     ) -> list[PolicyOutput]:
         """Answer many turns (one per episode), outputs in the order given."""
         infos = list(infos) if infos is not None else [None] * len(messages)
@@ -100,10 +121,7 @@ class Policy(ABC):
         )
 
     def generate(
-        self,
-        messages: Sequence[Messages],
-        params: SamplingParams,
-        infos: Sequence[dict[str, Any] | None] | None = None,
+        self, messages: Sequence[Messages], params: SamplingParams, infos: Infos = None
     ) -> list[PolicyOutput]:
         """:meth:`act_batch` for synchronous callers (no event loop running in this thread)."""
         return asyncio.run(self.act_batch(messages, params, infos))

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentgym.engine.policies.base import (
+    Infos,
     Messages,
     Policy,
     PolicyOutput,
@@ -146,10 +147,7 @@ class ScoredActionPolicy(Policy):
         )
 
     def generate(
-        self,
-        messages: Sequence[Messages],
-        params: SamplingParams,
-        infos: Sequence[dict[str, Any] | None] | None = None,
+        self, messages: Sequence[Messages], params: SamplingParams, infos: Infos = None
     ) -> list[PolicyOutput]:
         """Every episode's choice in batched forward passes (a local scorer only)."""
         if not isinstance(self.scorer, TransformersPolicy):

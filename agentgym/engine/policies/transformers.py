@@ -17,6 +17,7 @@ from typing import Any
 
 from agentgym.engine.chat_template import end_ids, turn_end_id
 from agentgym.engine.policies.base import (
+    Infos,
     Messages,
     Policy,
     PolicyOutput,
@@ -185,10 +186,7 @@ class TransformersPolicy(Policy):
         return chat_prompt_ids(self.tokenizer, messages, self.max_prompt_tokens)
 
     def generate(
-        self,
-        messages: Sequence[Messages],
-        params: SamplingParams,
-        infos: Sequence[dict[str, Any] | None] | None = None,
+        self, messages: Sequence[Messages], params: SamplingParams, infos: Infos = None
     ) -> list[PolicyOutput]:
         """One output per conversation, sampled in length-sorted batches (the model is put in
         eval mode meanwhile); outputs in the order given."""
@@ -212,16 +210,9 @@ class TransformersPolicy(Policy):
     def _output(
         self, prompt: list[int], ids: list[int], logprobs: list[float], latency: float
     ) -> PolicyOutput:
-        return PolicyOutput(
-            self.tokenizer.decode(ids, skip_special_tokens=True),
-            token_ids=ids,
-            logprobs=logprobs,
-            prompt_ids=prompt,
-            prompt_tokens=len(prompt),
-            completion_tokens=len(ids),
-            latency_s=latency,
-            finish_reason="stop" if ids and ids[-1] in self.eos_ids else "length",
-        )
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        finish = "stop" if ids and ids[-1] in self.eos_ids else "length"
+        return PolicyOutput.sampled(text, prompt, ids, logprobs, latency, finish)
 
     def _sample(
         self, batch: list[list[int]], params: SamplingParams

@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from agentgym.engine.policies.base import Messages, Policy, PolicyOutput, SamplingParams
+from agentgym.engine.policies.base import Infos, Messages, Policy, PolicyOutput, SamplingParams
 from agentgym.engine.policies.transformers import chat_prompt_ids
 from agentgym.extras import missing_extra
 
@@ -58,10 +58,7 @@ class VLLMPolicy(Policy):
         )
 
     def generate(
-        self,
-        messages: Sequence[Messages],
-        params: SamplingParams,
-        infos: Sequence[dict[str, Any] | None] | None = None,
+        self, messages: Sequence[Messages], params: SamplingParams, infos: Infos = None
     ) -> list[PolicyOutput]:
         started = time.perf_counter()
         sampling = self._vllm.SamplingParams(
@@ -83,15 +80,8 @@ class VLLMPolicy(Policy):
                 step[tok].logprob for tok, step in zip(response, comp.logprobs or [], strict=False)
             ]
             out.append(
-                PolicyOutput(
-                    comp.text,
-                    token_ids=response,
-                    logprobs=logprobs,
-                    prompt_ids=prompt_ids,
-                    prompt_tokens=len(prompt_ids),
-                    completion_tokens=len(response),
-                    latency_s=latency,
-                    finish_reason=comp.finish_reason,
+                PolicyOutput.sampled(
+                    comp.text, prompt_ids, response, logprobs, latency, comp.finish_reason
                 )
             )
         return out
@@ -102,10 +92,7 @@ class VLLMPolicy(Policy):
         return (await asyncio.to_thread(self.generate, [messages], params, [info]))[0]
 
     async def act_batch(
-        self,
-        messages: Sequence[Messages],
-        params: SamplingParams,
-        infos: Sequence[dict[str, Any] | None] | None = None,
+        self, messages: Sequence[Messages], params: SamplingParams, infos: Infos = None
     ) -> list[PolicyOutput]:
         return await asyncio.to_thread(self.generate, messages, params, infos)
 
