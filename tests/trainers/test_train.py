@@ -128,9 +128,9 @@ def test_checkpoint_resume_restores_state(tmp_path):
 
     real_collect = train_module.collect
 
-    def spy(venv, policy, **kw):
+    def spy(venv, policy, params, **kw):
         seen.append((kw.get("seed"), [p.detach().clone() for p in policy.model.parameters()]))
-        return real_collect(venv, policy, **kw)
+        return real_collect(venv, policy, params, **kw)
 
     train_module.collect = spy
     try:
