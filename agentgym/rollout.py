@@ -1,8 +1,8 @@
 """Group rollouts with a simple policy, and the statistics the CLI and benchmarks report.
 
-``run_group_rollout`` is the main job of the README's quick start: it resets a
-:class:`~agentgym.vector.GroupVectorEnv`, steps every env with a policy until all are
-done, and summarises success, return, throughput and how often trajectories of a group meet in
+``run_group_rollout`` is the main job of the README's quick start: it plays one episode in every
+env of a :class:`~agentgym.vector.GroupVectorEnv` through the engine's lockstep rounds
+(:mod:`agentgym.engine.lockstep`, the trainer's too), and summarises success, return, throughput and how often trajectories of a group meet in
 the same canonical state (what makes GiGPO's step-level groups non-trivial).
 """
 
@@ -16,9 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from agentgym.engine.lockstep import play_episodes
+from agentgym.engine.policies import Policy as EnginePolicy
+from agentgym.engine.policies import PolicyOutput, SamplingParams
+from agentgym.engine.policies.base import Infos, Messages
 from agentgym.vector import GroupVectorEnv, Trajectory
 
 __all__ = [
+    "FunctionPolicy",
     "RolloutReport",
     "StateGroupStats",
     "random_policy",
@@ -44,6 +49,29 @@ def random_policy(
         choices = info.get("suggested_actions") or info.get("admissible_actions") or ["look"]
         actions.append(choices[int(rng.integers(len(choices)))])
     return actions
+
+
+class FunctionPolicy(EnginePolicy):
+    """A :data:`Policy` function (no model) as an engine policy: each lockstep round it gets the
+    running envs' observations and infos, and ``rng``."""
+
+    def __init__(self, fn: Policy, rng: np.random.Generator):
+        self.fn, self.rng = fn, rng
+
+    def generate(
+        self, messages: Sequence[Messages], params: SamplingParams, infos: Infos = None
+    ) -> list[PolicyOutput]:
+        obs = [m[-1]["content"] for m in messages]
+        actions = self.fn(obs, [i or {} for i in (infos or [None] * len(obs))], self.rng)
+        return [PolicyOutput(a) for a in actions]
+
+    async def act(
+        self,
+        messages: list[dict[str, str]],
+        params: SamplingParams,
+        info: dict[str, Any] | None = None,
+    ) -> PolicyOutput:
+        return self.generate([messages], params, [info])[0]
 
 
 @dataclass
@@ -116,23 +144,21 @@ def run_group_rollout(
 ) -> RolloutReport:
     """One episode in each of ``num_groups x group_size`` envs; returns the summary.
 
+    ``policy(observations, infos, rng)`` answers each round for the envs still running.
+
     Pass ``vec`` to reuse a built vector env (its shape then overrides num_groups/group_size).
     ``reset_options`` go to every env's reset (e.g. ``{"split": "valid"}``).
     """
     own = vec is None
     if vec is None:
         vec = GroupVectorEnv(env_id, num_groups, group_size, backend=backend, env_kwargs=env_kwargs)
-    rng = np.random.default_rng(seed)
+    player = FunctionPolicy(policy, np.random.default_rng(seed))
     try:
         start = time.perf_counter()
-        obs, infos = vec.reset(seed=seed, options=reset_options)
-        steps = 0
-        while not vec.all_done:
-            live = int(vec.active.sum())
-            obs, _, _, _, infos = vec.step(policy(obs, infos, rng))
-            steps += live
+        play_episodes([vec], player, SamplingParams(), seeds=[seed], options=[reset_options])
         seconds = time.perf_counter() - start
         trajs = vec.trajectories()
+        steps = sum(len(t.steps) for t in trajs)
     finally:
         if own:
             vec.close()

@@ -46,6 +46,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from agentgym.engine import Policy
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -130,7 +132,7 @@ def start_server(folder: Path, threads: int, log: Path, extra: list[str]) -> tup
         time.sleep(1.0)
 
 
-class Recorded:
+class Recorded(Policy):
     """A policy that records each request's start and end (seconds since :meth:`reset`)."""
 
     def __init__(self, inner):

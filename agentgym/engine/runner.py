@@ -10,8 +10,10 @@ running episode its own and takes it back when the episode ends.
 Groups: the ``group_size`` episodes of a task all reset with the same ``seed`` and
 ``options={"task": ...}``, so they start from the same initial state (``state_key``).
 
-``lockstep=True`` runs the same episodes the old way for comparison: generate for every active
-episode, then step every one, and again, so each round waits for its slowest member.
+``lockstep=True`` plays rounds instead: every active episode's turn asked in one batch
+(:meth:`~agentgym.engine.policies.Policy.act_batch`), then every one stepped, and again, so each
+round waits for its slowest member. The trainer's group envs play the same rounds synchronously
+through :mod:`agentgym.engine.lockstep`.
 
 Example (the suite's SmolLM2 in-process, two Sokoban tasks, two episodes each)::
 
@@ -263,8 +265,9 @@ class RolloutEngine:
         max_active: most episodes running at once, each holding its own env (default
             ``2 * concurrency``: enough that a request slot freed by one episode stepping its env
             is taken by another).
-        policy_version: recorded on every turn; change it between runs (or set the attribute
-            while running) to tag turns with the weights that produced them.
+        policy_version: recorded on every turn, as it was when the turn's request was sent;
+            change it between runs (or set the attribute while running) to tag turns with the
+            weights that produced them.
         lockstep: generate for all active episodes, then step them all, round after round.
         history_length: past (observation, action) pairs in each prompt.
         max_policy_errors: an episode whose policy fails this many turns in a row ends
@@ -383,7 +386,7 @@ class RolloutEngine:
                     active = [live for live in wave if not live.done]
                     if not active:
                         break
-                    outputs = await asyncio.gather(*(self._generate(live) for live in active))
+                    outputs = await self._generate_round(active)
                     await asyncio.gather(
                         *(self._step(live, o) for live, o in zip(active, outputs, strict=True))
                     )
@@ -434,24 +437,52 @@ class RolloutEngine:
         return live
 
     async def _generate(self, live: _Live) -> PolicyOutput:
-        messages = [{"role": "user", "content": live.prompt}]
+        """One episode's turn (async mode): a request slot, then :meth:`Policy.act`."""
         async with self._slots:
+            return (await self._ask([live], batched=False))[0]
+
+    async def _generate_round(self, active: list[_Live]) -> list[PolicyOutput]:
+        """Every active episode's turn of a lockstep round in one :meth:`Policy.act_batch`."""
+        return await self._ask(active, batched=True)
+
+    async def _ask(self, lives: list[_Live], *, batched: bool) -> list[PolicyOutput]:
+        messages = [[{"role": "user", "content": live.prompt}] for live in lives]
+        # The version in force when the request is sent: a trainer may publish a new one while
+        # the answer is on its way, and the turn was sampled from the weights asked.
+        version = self.policy_version
+        for _ in lives:
             self._in_flight.enter()
-            started = time.perf_counter()
-            try:
-                output = await live.policy.act(messages, self.params, live.info)
-            except PolicyUnavailable:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a policy bug ends the turn, not the run
-                output = PolicyOutput(
-                    "", error=f"{type(exc).__name__}: {exc}", error_kind="model_error"
+        started = time.perf_counter()
+        try:
+            if batched and all(live.policy is self.policy for live in lives):
+                outputs = await self.policy.act_batch(
+                    messages, self.params, [live.info for live in lives]
                 )
-            finally:
+            else:
+                # per-episode policies (``Policy.for_episode``, e.g. an adapter's token context)
+                # each answer their own turn; one that batches gathers the round itself
+                outputs = list(
+                    await asyncio.gather(
+                        *(
+                            live.policy.act(m, self.params, live.info)
+                            for m, live in zip(messages, lives, strict=True)
+                        )
+                    )
+                )
+        except PolicyUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a policy bug ends the turn, not the run
+            error = f"{type(exc).__name__}: {exc}"
+            outputs = [PolicyOutput("", error=error, error_kind="model_error") for _ in lives]
+        finally:
+            for _ in lives:
                 self._in_flight.leave()
-                self.stats.generation_s += time.perf_counter() - started
-                self.stats.requests += 1
-        output.latency_s = output.latency_s or (time.perf_counter() - started)
-        return output
+            self.stats.generation_s += time.perf_counter() - started
+            self.stats.requests += len(lives)
+        for output in outputs:
+            output.latency_s = output.latency_s or (time.perf_counter() - started)
+            output.policy_version = version
+        return outputs
 
     async def _step(self, live: _Live, output: PolicyOutput) -> None:
         record = live.record
@@ -490,7 +521,7 @@ class RolloutEngine:
             truncated=bool(truncated),
             state_key=from_key,
             next_state_key=state_key_text(info.get("state_key")),
-            policy_version=self.policy_version,
+            policy_version=output.policy_version,
             latency_s=output.latency_s,
             step_s=step_s,
             token_ids=output.token_ids,

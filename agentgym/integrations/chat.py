@@ -31,6 +31,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from agentgym.engine.chat_template import PROBE_CHAT, probe_turn_end, render_ids
 from agentgym.engine.policies import Policy, PolicyOutput, PolicyUnavailable, SamplingParams
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -58,7 +59,7 @@ _PROBE = (
     {"role": "assistant", "content": "<think>\nGo through.\n</think>\n<action>go north</action>"},
     {"role": "user", "content": "You are in the garden."},
 )
-_BASE = ({"role": "user", "content": "x"}, {"role": "assistant", "content": "y"})
+_BASE = PROBE_CHAT[:2]
 
 
 class ChatTurns:
@@ -95,27 +96,8 @@ class ChatTurns:
         self.end_ids = frozenset(({eos} if eos is not None else set()) | set(end_ids or ()))
         # Tokens that close an assistant turn and open the next depend only on the template:
         # locate them once on a fixed chat (load time); each observation then costs one render.
-        self._head: list[int] | None = None
-        self._no_head = ""
-        self.turn_end_id: int | None = None
-        prompt = self.render(list(_BASE[:1]), generation_prompt=True)
-        full = self.render([*_BASE, {"role": "user", "content": "z"}], generation_prompt=True)
-        # Where the reply starts: the generation prompt may differ from the rendered reply's
-        # opening (Qwen3's empty think block without thinking, a BPE merge across the header);
-        # the turn ends at the first end-of-turn token after it, which must close the reply.
-        start = next(
-            (i for i, (a, b) in enumerate(zip(prompt, full, strict=False)) if a != b), len(prompt)
-        )
-        end = self._end_after(full, start)
-        if end is None:
-            self._no_head = f"no end-of-turn token of {sorted(self.end_ids)} after assistant turns"
-        elif self._text(full[start:end]) != self._text(
-            tokenizer.encode("y", add_special_tokens=False)
-        ):
-            self._no_head = "the template renders the first user message differently later"
-        else:
-            self._head = full[: end + 1]
-            self.turn_end_id = full[end]
+        found = probe_turn_end(tokenizer, self.end_ids, self.render)
+        self._head, self.turn_end_id, self._no_head = found.head, found.end_id, found.problem
         self.prefix_preserving, self.reason = self._probe()
         self.mode = EPISODE if self.prefix_preserving else PER_TURN
         logger.info(
@@ -131,14 +113,7 @@ class ChatTurns:
         kwargs = dict(self.template_kwargs)
         if self.chat_template is not None:
             kwargs["chat_template"] = self.chat_template
-        ids = self.tokenizer.apply_chat_template(
-            messages,
-            add_generation_prompt=generation_prompt,
-            tokenize=True,
-            return_dict=False,
-            **kwargs,
-        )
-        return list(ids)
+        return render_ids(self.tokenizer, messages, generation_prompt, **kwargs)
 
     def observation_ids(self, text: str) -> list[int]:
         """Tokens that follow a finished assistant turn (after its end-of-turn token): ``text``
@@ -169,9 +144,6 @@ class ChatTurns:
         return [end]
 
     # -- the probe -------------------------------------------------------------------------------
-    def _text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
-
     def _end_after(self, ids: list[int], start: int) -> int | None:
         return next((i for i in range(start, len(ids)) if ids[i] in self.end_ids), None)
 

@@ -181,3 +181,34 @@ def test_alfworld_games_first_loaded_by_concurrent_resets_all_play():
         errors = [r.error for r in records if r.end_reason == "env_error"]
         assert not errors, f"attempt {attempt}: {errors}"
         assert all(len(r.turns) == 1 for r in records)
+
+
+class PublishesMidRequest(Policy):
+    """Answers after the trainer publishes a new version: each request, once sent, bumps the
+    engine's ``policy_version`` (as a trainer finishing an update meanwhile would), then answers
+    with the version it was sent under."""
+
+    def __init__(self):
+        self.engine = None
+        self.sent_under: list[int] = []
+
+    async def act(self, messages, params, info=None):
+        self.sent_under.append(self.engine.policy_version)
+        await asyncio.sleep(0)
+        self.engine.policy_version += 1  # a new version published while the answer is on its way
+        await asyncio.sleep(0)
+        action = (info or {}).get("admissible_actions", ["look"])[0]
+        return PolicyOutput(f"<think>ok</think><action>{action}</action>")
+
+
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_turns_carry_the_version_their_request_was_sent_under(lockstep):
+    policy = PublishesMidRequest()
+    engine = RolloutEngine(policy, max_turns=3, concurrency=1, lockstep=lockstep)
+    policy.engine = engine
+    engine.policy_version = 0
+    (record,) = _run(engine, make_episodes("AgentGym/Sokoban-v0", tasks=[0]))
+    versions = [t.policy_version for t in record.turns]
+    assert len(versions) == 3
+    # Tagged with the version in force when each request went out, not when its answer came.
+    assert versions == policy.sent_under == [0, 1, 2]

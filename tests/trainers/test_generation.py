@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from trainers.gigpo.generation import StaticDecoder, sample_next
-from trainers.gigpo.policy import HFPolicy
+from agentgym.engine import SamplingParams, TransformersPolicy
+from agentgym.engine.decoding import StaticDecoder, sample_next
 
 VOCAB, PAD, EOS = 24, 0, 1
 
@@ -144,10 +144,12 @@ def test_hf_policy_fast_path_equals_generate_path():
     tok = build_tokenizer(["Room 1 of 3 . Light comes through the red door . blue green back"])
     model = build_model(tok, seed=1)
     prompts = ["Room 1 of 3.", "Light comes through the red door. Room 2 of 3.", "back", "red"]
-    slow = HFPolicy(model, tok, max_new_tokens=6, batch_size=3, fast=False)
-    fast = HFPolicy(model, tok, max_new_tokens=6, batch_size=3, fast=True)
-    a, b = slow.generate(prompts, temperature=0), fast.generate(prompts, temperature=0)
-    assert [g.response_ids for g in a] == [g.response_ids for g in b]
+    slow = TransformersPolicy(model, tok, max_batch=3, seed=None, decoder="generate")
+    fast = TransformersPolicy(model, tok, max_batch=3, seed=None, decoder="static")
+    messages = [[{"role": "user", "content": p}] for p in prompts]
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    a, b = slow.generate(messages, greedy), fast.generate(messages, greedy)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
     assert [g.text for g in a] == [g.text for g in b]
     for x, y in zip(a, b, strict=True):
         assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
@@ -272,7 +274,9 @@ def test_low_precision_generation_copy_follows_the_trained_weights():
 
     tok = build_tokenizer(["Room 1 of 3 . Light comes through the red door . blue green back"])
     model = build_model(tok, seed=2)
-    policy = HFPolicy(model, tok, max_new_tokens=4, generation_dtype=torch.bfloat16)
+    policy = TransformersPolicy(
+        model, tok, seed=None, decoder="static", generation_dtype=torch.bfloat16
+    )
     copy = policy.generation_model
     assert copy is not model and {p.dtype for p in copy.parameters()} == {torch.bfloat16}
     addresses = [p.data_ptr() for p in copy.parameters()]
@@ -283,8 +287,10 @@ def test_low_precision_generation_copy_follows_the_trained_weights():
     assert [p.data_ptr() for p in copy.parameters()] == addresses
     for g, t in zip(copy.parameters(), model.parameters(), strict=True):
         assert torch.equal(g, t.to(torch.bfloat16))
-    prompts = ["Room 1 of 3.", "back"]
-    fresh = HFPolicy(model.to(torch.bfloat16), tok, max_new_tokens=4)  # the same weights, cast
-    assert [g.response_ids for g in policy.generate(prompts, temperature=0)] == [
-        g.response_ids for g in fresh.generate(prompts, temperature=0)
+    messages = [[{"role": "user", "content": p}] for p in ["Room 1 of 3.", "back"]]
+    # the same weights, cast
+    fresh = TransformersPolicy(model.to(torch.bfloat16), tok, seed=None, decoder="static")
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    assert [g.token_ids for g in policy.generate(messages, greedy)] == [
+        g.token_ids for g in fresh.generate(messages, greedy)
     ]

@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 
+from agentgym.engine import Policy, PolicyOutput, SamplingParams
 from trainers.gigpo.advantage import compute_advantage
 from trainers.gigpo.config import Config, ConfigError, parse_args
 from trainers.gigpo.multienv import (
@@ -16,29 +17,31 @@ from trainers.gigpo.multienv import (
     env_configs,
     split_groups,
 )
-from trainers.gigpo.policy import Generation
 from trainers.gigpo.rollout import make_group_env
 from trainers.gigpo.train import train
 
 CORRIDOR, SOKOBAN = "AgentGym/Corridor-v0", "AgentGym/Sokoban-v0"
 
 
-class RandomAdmissible:
+class RandomAdmissible(Policy):
     """Picks a random admissible action (no model: these tests are about the envs' rows)."""
-
-    needs_admissible = True
 
     def __init__(self, seed: int = 0):
         self.rng = random.Random(seed)
 
-    def generate(self, prompts, temperature=None, admissible=None):
-        return [
-            Generation(self.rng.choice(acts), [0], [1], [0.0])
-            for _, acts in zip(prompts, admissible, strict=True)
-        ]
+    async def act(self, messages, params, info=None):
+        return self.generate([messages], params, [info])[0]
 
-    def sync_weights(self, model):
-        pass
+    def generate(self, messages, params, infos=None):
+        return [
+            PolicyOutput(
+                self.rng.choice(info["admissible_actions"]),
+                token_ids=[1],
+                logprobs=[0.0],
+                prompt_ids=[0],
+            )
+            for info in infos
+        ]
 
 
 def test_split_groups():
@@ -95,7 +98,7 @@ def mixed(weights=(2, 1), group_size=3) -> MixedEnvs:
 
 def test_each_group_is_one_env_and_advantages_stay_within_env():
     envs = mixed()
-    batch = collect_mixed(envs, RandomAdmissible(), seed=5)
+    batch = collect_mixed(envs, RandomAdmissible(), SamplingParams(), seed=5)
     envs.close()
     assert set(batch.env_ids.tolist()) == {0, 1}
     for g in np.unique(batch.group_ids):  # a group's rows all come from one env

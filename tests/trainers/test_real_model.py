@@ -100,19 +100,19 @@ def test_ids_trained_are_ids_sampled(smollm2_path):
     """Rows carry the sampled ids (end-of-turn included), never a re-tokenisation of the text."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainers.gigpo.policy import HFPolicy, chat_prompt_ids
+    from agentgym.engine import SamplingParams, TransformersPolicy, chat_prompt_ids
     from trainers.gigpo.rollout import collect, make_group_env
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32)
-    policy = HFPolicy(model, tokenizer, max_new_tokens=8)
+    policy = TransformersPolicy(model, tokenizer, seed=None, decoder="static")
     seen = []
 
     class Recording:
-        def generate(self, prompts, **kwargs):
-            out = policy.generate(prompts, **kwargs)
-            seen.append((list(prompts), out))
+        def generate(self, messages, params, infos=None):
+            out = policy.generate(messages, params, infos)
+            seen.append(([m[-1]["content"] for m in messages], out))
             return out
 
     venv = make_group_env(
@@ -124,7 +124,7 @@ def test_ids_trained_are_ids_sampled(smollm2_path):
         env_kwargs={"length": 2, "max_episode_steps": 2},
     )
     torch.manual_seed(0)
-    batch = collect(venv, Recording(), seed=3)
+    batch = collect(venv, Recording(), SamplingParams(max_tokens=8), seed=3)
     venv.close()
     # Rows are in trajectory order; rounds in env order: rebuild the per-env sequence.
     per_env: list[list] = [[] for _ in range(4)]
@@ -136,10 +136,10 @@ def test_ids_trained_are_ids_sampled(smollm2_path):
     assert len(flat) == len(batch)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     for row, (prompt, gen) in enumerate(flat):
-        assert batch.response_ids[row] == gen.response_ids
+        assert batch.response_ids[row] == gen.token_ids
         assert batch.prompt_ids[row] == chat_prompt_ids(tokenizer, prompt)
         assert batch.sample_logprobs[row] == gen.logprobs
-        assert len(gen.logprobs) == len(gen.response_ids)
+        assert len(gen.logprobs) == len(gen.token_ids)
         # ChatML: the prompt ends by opening the assistant turn
         assert tokenizer.decode(batch.prompt_ids[row][-3:]).endswith("assistant\n")
         # a response that ended by itself ends with the model's end-of-turn token

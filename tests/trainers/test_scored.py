@@ -8,10 +8,11 @@ import sys
 import pytest
 import torch
 
+from agentgym.engine import SamplingParams, ScoredActionPolicy, TransformersPolicy
+from agentgym.engine.decoding import choose, score_candidates
 from trainers.gigpo.config import Config, ConfigError
 from trainers.gigpo.logprobs import response_forward
 from trainers.gigpo.rollout import collect, make_group_env
-from trainers.gigpo.scored import ScoredActionPolicy, choose, score_candidates
 
 
 @pytest.fixture(scope="module")
@@ -24,17 +25,26 @@ def smollm2(smollm2_path):
     return model, tokenizer
 
 
+def scored_policy(model, tokenizer) -> ScoredActionPolicy:
+    """The trainer's scored policy over ``model`` (torch's global generator chooses)."""
+    return ScoredActionPolicy(TransformersPolicy(model, tokenizer, seed=None), seed=None)
+
+
+def user(prompts):
+    return [[{"role": "user", "content": p}] for p in prompts]
+
+
 class Recording:
-    """The policy, keeping every call's admissible lists and generations."""
+    """The policy, keeping every call's prompts, admissible lists and outputs."""
 
     def __init__(self, policy):
         self.policy = policy
         self.calls = []
-        self.needs_admissible = True
 
-    def generate(self, prompts, **kwargs):
-        out = self.policy.generate(prompts, **kwargs)
-        self.calls.append((list(prompts), kwargs["admissible"], out))
+    def generate(self, messages, params, infos=None):
+        out = self.policy.generate(messages, params, infos)
+        prompts = [m[-1]["content"] for m in messages]
+        self.calls.append((prompts, [i["admissible_actions"] for i in infos], out))
         return out
 
 
@@ -48,21 +58,21 @@ class Recording:
 )
 def test_chosen_action_is_admissible(smollm2, env_id, kwargs):
     model, tokenizer = smollm2
-    policy = Recording(ScoredActionPolicy(model, tokenizer, action_temperature=2.0))
+    policy = Recording(scored_policy(model, tokenizer))
     venv = make_group_env(
         env_id, num_groups=2, group_size=2, fmt="plain", template="actions", env_kwargs=kwargs,
         history_length=1,
     )  # fmt: skip
     torch.manual_seed(0)
-    batch = collect(venv, policy, seed=1)
+    batch = collect(venv, policy, SamplingParams(temperature=2.0), seed=1)
     venv.close()
     assert len(batch) > 0 and policy.calls
     for prompts, admissible, gens in policy.calls:
         for prompt, acts, gen in zip(prompts, admissible, gens, strict=True):
             assert gen.text in acts
             assert "Valid actions:" in prompt  # the short prompt lists them
-            assert gen.response_ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
-            assert len(gen.logprobs) == len(gen.response_ids)
+            assert gen.token_ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+            assert len(gen.logprobs) == len(gen.token_ids)
     assert not batch.invalid.any()  # every chosen action was valid for the env
 
 
@@ -70,7 +80,7 @@ def test_chosen_action_is_admissible(smollm2, env_id, kwargs):
 def test_recorded_logprobs_equal_fresh_forward(smollm2):
     """What the rollout records is what the update's forward pass computes (ratio 1)."""
     model, tokenizer = smollm2
-    policy = ScoredActionPolicy(model, tokenizer)
+    policy = scored_policy(model, tokenizer)
     prompts = [
         'Room 1 of 3. Light comes through the blue door.\nValid actions: "red", "blue".\n',
         'Dead end. Say back.\nValid actions: "back".\n',
@@ -79,9 +89,11 @@ def test_recorded_logprobs_equal_fresh_forward(smollm2):
     ]
     admissible = [["red", "blue"], ["back"], ["go through the green door", "red", "look around"]]
     torch.manual_seed(0)
-    gens = policy.generate(prompts, admissible=admissible)
+    gens = policy.generate(
+        user(prompts), SamplingParams(), [{"admissible_actions": a} for a in admissible]
+    )
     fresh, mask, _ = response_forward(
-        model.eval(), [g.prompt_ids for g in gens], [g.response_ids for g in gens],
+        model.eval(), [g.prompt_ids for g in gens], [g.token_ids for g in gens],
         tokenizer.pad_token_id, torch.device("cpu"),
     )  # fmt: skip
     for b, g in enumerate(gens):
@@ -89,7 +101,7 @@ def test_recorded_logprobs_equal_fresh_forward(smollm2):
         expected = fresh[b, mask[b] > 0]
         torch.testing.assert_close(torch.tensor(g.logprobs), expected, atol=1e-4, rtol=0)
     # Every candidate, not only the chosen one: the shared-cache scoring equals full passes.
-    candidates = [[policy.action_ids(a) for a in acts] for acts in admissible]
+    candidates = [[policy.scorer.action_ids(a) for a in acts] for acts in admissible]
     scored = score_candidates(
         model, [g.prompt_ids for g in gens], candidates, pad_id=tokenizer.pad_token_id
     )
@@ -105,19 +117,22 @@ def test_recorded_logprobs_equal_fresh_forward(smollm2):
 @pytest.mark.realmodel
 def test_temperature_zero_is_the_argmax(smollm2):
     model, tokenizer = smollm2
-    policy = ScoredActionPolicy(model, tokenizer)
+    policy = scored_policy(model, tokenizer)
     prompt = "Room 1 of 3. Light comes through the gold door.\n"
     actions = ["red", "blue", "gold", "pink door", "gray"]
-    chosen = policy.generate([prompt], 0.0, [actions])[0]
+    info = [{"admissible_actions": actions}]
+    chosen = policy.generate(user([prompt]), SamplingParams(temperature=0.0), info)[0]
     scored = score_candidates(
-        model, [chosen.prompt_ids], [[policy.action_ids(a) for a in actions]],
+        model, [chosen.prompt_ids], [[policy.scorer.action_ids(a) for a in actions]],
         pad_id=tokenizer.pad_token_id,
     )[0]  # fmt: skip
     totals = torch.stack([s.sum() for s in scored])
     assert chosen.text == actions[int(torch.argmax(totals))]
     # a vanishing temperature samples the argmax too; a high one spreads over the actions
     torch.manual_seed(0)
-    assert policy.generate([prompt], 1e-6, [actions])[0].text == chosen.text
+    assert policy.generate(user([prompt]), SamplingParams(temperature=1e-6), info)[0].text == (
+        chosen.text
+    )
     assert {choose(totals, 1e-6) for _ in range(50)} == {int(torch.argmax(totals))}
     assert len({choose(totals, 50.0) for _ in range(50)}) > 1
 

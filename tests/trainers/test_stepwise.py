@@ -20,6 +20,7 @@ from agentgym.algorithms.judges import (
     SearchQAJudge,
     rule_judge,
 )
+from agentgym.engine import SamplingParams
 from agentgym.vector import Step, Trajectory
 from trainers.gigpo.config import Config, ConfigError
 from trainers.gigpo.rollout import collect_stepwise, make_group_env
@@ -57,7 +58,7 @@ def _stepwise(group_size=4, num_groups=3, seed=7, judge=None, backend="inprocess
     )
     try:
         return collect_stepwise(
-            venv, DoorPolicy(seed), judge or ProgressJudge(), seed=seed, **kwargs
+            venv, DoorPolicy(seed), SamplingParams(), judge or ProgressJudge(), seed=seed, **kwargs
         )
     finally:
         venv.close()

@@ -130,9 +130,9 @@ def test_checkpoint_resume_restores_state(tmp_path):
 
     real_collect = train_module.collect
 
-    def spy(venv, policy, **kw):
+    def spy(venv, policy, params, **kw):
         seen.append((kw.get("seed"), [p.detach().clone() for p in policy.model.parameters()]))
-        return real_collect(venv, policy, **kw)
+        return real_collect(venv, policy, params, **kw)
 
     train_module.collect = spy
     try:
@@ -339,38 +339,40 @@ def run_benchmark(script: str, *args: str) -> dict:
 
 def test_hf_policy_logprobs_match_training_forward():
     """Sampling log-probs (generate, left-padded batches) equal the update's forward log-probs."""
-    from trainers.gigpo.policy import HFPolicy
+    from agentgym.engine import SamplingParams, TransformersPolicy
     from trainers.gigpo.tiny import build_model, build_tokenizer
     from trainers.gigpo.train import response_forward
 
     tok = build_tokenizer(["Room 1 of 3 . Light comes through the red door . blue green back"])
     model = build_model(tok, seed=1)
-    policy = HFPolicy(model, tok, max_new_tokens=5, batch_size=3, temperature=0.7)
+    policy = TransformersPolicy(model, tok, max_batch=3, seed=None, decoder="static")
+    params = SamplingParams(temperature=0.7, max_tokens=5)
     torch.manual_seed(0)
     prompts = ["Room 1 of 3.", "Light comes through the red door. Room 2 of 3.", "back", "red blue"]
-    gens = policy.generate(prompts)
-    assert len(gens) == 4 and all(1 <= len(g.response_ids) <= 5 for g in gens)
+    messages = [[{"role": "user", "content": p}] for p in prompts]
+    gens = policy.generate(messages, params)
+    assert len(gens) == 4 and all(1 <= len(g.token_ids) <= 5 for g in gens)
     for g in gens:  # a response ends at the end-of-turn token, if one was sampled
-        assert tok.eos_token_id not in g.response_ids[:-1]
-        assert g.text == tok.decode(g.response_ids, skip_special_tokens=True)
+        assert tok.eos_token_id not in g.token_ids[:-1]
+        assert g.text == tok.decode(g.token_ids, skip_special_tokens=True)
     with torch.no_grad():
         logp, mask, _ = response_forward(
-            model, [g.prompt_ids for g in gens], [g.response_ids for g in gens], tok.pad_token_id,
+            model, [g.prompt_ids for g in gens], [g.token_ids for g in gens], tok.pad_token_id,
             torch.device("cpu"), temperature=0.7,
         )  # fmt: skip
     for b, g in enumerate(gens):
         assert logp[b, mask[b] > 0].tolist() == pytest.approx(g.logprobs, abs=1e-4)
-    assert sum(len(g.response_ids) for g in gens) > len(gens)  # multi-token responses checked
-    greedy = policy.generate(prompts, temperature=0)
-    assert [g.response_ids for g in greedy] == [
-        g.response_ids for g in policy.generate(prompts, temperature=0)
+    assert sum(len(g.token_ids) for g in gens) > len(gens)  # multi-token responses checked
+    greedy = SamplingParams(temperature=0, max_tokens=5)
+    assert [g.token_ids for g in policy.generate(messages, greedy)] == [
+        g.token_ids for g in policy.generate(messages, greedy)
     ]
 
 
 def test_hf_policy_samples_the_trained_distribution_not_the_model_defaults():
     """A model's generation defaults (Qwen ships repetition_penalty, top_k, temperature) do not
     leak into rollouts: greedy decoding is the argmax of the raw logits at every step."""
-    from trainers.gigpo.policy import HFPolicy, chat_prompt_ids
+    from agentgym.engine import SamplingParams, TransformersPolicy, chat_prompt_ids
     from trainers.gigpo.tiny import build_model, build_tokenizer
 
     tok = build_tokenizer(["Room 1 of 3 . Light comes through the red door . blue green back"])
@@ -378,7 +380,7 @@ def test_hf_policy_samples_the_trained_distribution_not_the_model_defaults():
     model.generation_config.repetition_penalty = 100.0
     model.generation_config.top_k = 1
     model.generation_config.temperature = 0.3
-    policy = HFPolicy(model, tok, max_new_tokens=8)
+    policy = TransformersPolicy(model, tok, seed=None, decoder="static")
     prompt = "Room 1 of 3."
     ids = torch.tensor([chat_prompt_ids(tok, prompt)])
     expected = []
@@ -391,7 +393,9 @@ def test_hf_policy_samples_the_trained_distribution_not_the_model_defaults():
             ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
     # The hand-rolled decode repeats a token, so a leaked repetition penalty would change it.
     assert len(set(expected)) < len(expected), expected
-    assert policy.generate([prompt], temperature=0)[0].response_ids == expected
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    out = policy.generate([[{"role": "user", "content": prompt}]], greedy)
+    assert out[0].token_ids == expected
 
 
 def test_bf16_autocast_and_gradient_checkpointing_on_cpu(tmp_path):
@@ -418,7 +422,7 @@ def test_bf16_autocast_and_gradient_checkpointing_on_cpu(tmp_path):
 def test_tiny_tokenizer_round_trips_beside_a_qwen2_config(tmp_path):
     """Saved with its model, the word-level tokenizer loads back unchanged (AutoTokenizer alone
     would rebuild Qwen's BPE around it and drop every word)."""
-    from trainers.gigpo.policy import chat_prompt_ids
+    from agentgym.engine import chat_prompt_ids
     from trainers.gigpo.tiny import build_model, build_tokenizer, load_tokenizer
 
     text = "Room 1 of 3. Light comes through the red door."

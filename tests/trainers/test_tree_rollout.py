@@ -7,21 +7,23 @@ import numpy as np
 import pytest
 
 from agentgym.algorithms.advantage import compute_advantage
+from agentgym.engine import Policy, PolicyOutput, SamplingParams
 
 
-class DoorPolicy:
-    """A seeded random corridor player with the trainer's Policy.generate signature."""
+class DoorPolicy(Policy):
+    """A seeded random corridor player: the engine's Policy, answering a lockstep round."""
 
     def __init__(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
 
-    def generate(self, prompts, **kwargs):
-        from trainers.gigpo.policy import Generation
+    async def act(self, messages, params, info=None):
+        return self.generate([messages], params, [info])[0]
 
+    def generate(self, messages, params, infos=None):
         words = ["red", "blue", "green", "back", "back"]
         return [
-            Generation(w, [1, 2], [3], [-0.5])
-            for w in (words[int(self.rng.integers(len(words)))] for _ in prompts)
+            PolicyOutput(w, token_ids=[3], logprobs=[-0.5], prompt_ids=[1, 2])
+            for w in (words[int(self.rng.integers(len(words)))] for _ in messages)
         ]
 
 
@@ -40,6 +42,7 @@ def test_tree_rollout_builds_sibling_groups_at_equal_samples(
         batch = collect_tree(
             venv,
             DoorPolicy(1),
+            SamplingParams(),
             branch_points=branch_points,
             continuations=continuations,
             branch_span=2,
@@ -90,6 +93,6 @@ def test_tree_rollout_rejects_a_budget_that_does_not_divide_the_group():
     venv = make_group_env("AgentGym/Corridor-v0", num_groups=1, group_size=6)
     try:
         with pytest.raises(ValueError, match="multiple of"):
-            collect_tree(venv, DoorPolicy(0), branch_points=2, continuations=2)
+            collect_tree(venv, DoorPolicy(0), SamplingParams(), branch_points=2, continuations=2)
     finally:
         venv.close()

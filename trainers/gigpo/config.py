@@ -125,7 +125,7 @@ class Config:
     """prompts per ``generate`` call (HF backend)"""
     hf_generation: str = "static"
     """HF backend decoding: ``static`` (static KV cache, on-device sampling, finished rows
-    dropped as they end, a CUDA-graph decode step on GPU; ``trainers/gigpo/generation.py``) or
+    dropped as they end, a CUDA-graph decode step on GPU; ``agentgym/engine/decoding.py``) or
     ``generate`` (transformers' ``generate``, the reference it is tested against)"""
     compile_decode: bool | None = None
     """compile the static decoder's step (CUDA graphs); None: on CUDA only"""

@@ -129,13 +129,13 @@ class RolloutProgress:
             bar.reset(total=num_envs)
             bar.set_description(desc)
 
-    def generate(self, prompts: Any, **kwargs: Any) -> Any:
-        out = self.policy.generate(prompts, **kwargs)
+    def generate(self, messages: Any, params: Any, infos: Any = None) -> Any:
+        out = self.policy.generate(messages, params, infos)
         self.rounds += 1
-        self.tokens += sum(len(g.response_ids) for g in out)
+        self.tokens += sum(len(g.token_ids or ()) for g in out)
         if self.bar is not None:
-            self.bar.n = self.num_envs - len(prompts)  # episodes finished before this round
-            self.bar.set_postfix(round=self.rounds, running=len(prompts), tokens=self.tokens)
+            self.bar.n = self.num_envs - len(messages)  # episodes finished before this round
+            self.bar.set_postfix(round=self.rounds, running=len(messages), tokens=self.tokens)
         return out
 
     def __getattr__(self, name: str) -> Any:

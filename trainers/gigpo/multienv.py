@@ -12,15 +12,15 @@ suffixed by the env's short name: ``rollout/success_rate/Sokoban-v0``).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from agentgym.engine import Policy, SamplingParams
+from agentgym.engine.lockstep import play_episodes
 from agentgym.vector import GroupVectorEnv
-from trainers.gigpo.policy import Generation, Policy
 from trainers.gigpo.rollout import RolloutBatch, collect, rows_from
 
 #: Config fields that describe one env; an extra env takes them from its own preset.
@@ -88,52 +88,19 @@ class MixedEnvs:
 def collect_mixed(
     envs: MixedEnvs,
     policy: Policy,
+    params: SamplingParams,
     *,
     seed: int | None = None,
-    temperature: float | None = None,
 ) -> RolloutBatch:
-    """Play one episode in every env of every venv; one generation batch per round over all.
+    """Play one episode in every env of every venv; one generation batch per round over all
+    (the engine's lockstep rounds over several venvs).
 
     Returns the rows of env 0, then env 1..., with ``env_ids`` (row -> env index) set and group
     and trajectory ids offset so that they are unique across envs.
     """
-    timings = {"generate": 0.0, "env": 0.0}
-    t0 = time.perf_counter()
     seeds = envs.seeds or [seed] * len(envs.venvs)
-    obs = [
-        list(v.reset(seed=s, options=o)[0])
-        for v, o, s in zip(envs.venvs, envs.options, seeds, strict=True)
-    ]
-    timings["env"] += time.perf_counter() - t0
-    gens: list[list[list[Generation]]] = [[[] for _ in range(v.num_envs)] for v in envs.venvs]
-    needs_admissible = getattr(policy, "needs_admissible", False)
-    while any(v.active.any() for v in envs.venvs):
-        where: list[tuple[int, int]] = []
-        prompts: list[str] = []
-        admissible: list[Any] = []
-        for k, v in enumerate(envs.venvs):
-            infos = v.infos_list if needs_admissible else None
-            for i in np.flatnonzero(v.active):
-                where.append((k, int(i)))
-                prompts.append(obs[k][i])
-                if infos is not None:
-                    admissible.append(infos[i].get("admissible_actions"))
-        kwargs: dict[str, Any] = {} if temperature is None else {"temperature": temperature}
-        if needs_admissible:
-            kwargs["admissible"] = admissible
-        t0 = time.perf_counter()
-        out = policy.generate(prompts, **kwargs)
-        timings["generate"] += time.perf_counter() - t0
-        actions = [[""] * v.num_envs for v in envs.venvs]
-        for (k, i), gen in zip(where, out, strict=True):
-            actions[k][i] = gen.text
-            gens[k][i].append(gen)
-        t0 = time.perf_counter()
-        for k, v in enumerate(envs.venvs):
-            if v.active.any():
-                obs[k] = list(v.step(actions[k])[0])
-        timings["env"] += time.perf_counter() - t0
-    batches = [rows_from(v.trajectories(), g, {}) for v, g in zip(envs.venvs, gens, strict=True)]
+    outputs, timings = play_episodes(envs.venvs, policy, params, seeds=seeds, options=envs.options)
+    batches = [rows_from(v.trajectories(), g, {}) for v, g in zip(envs.venvs, outputs, strict=True)]
     merged = merge_batches(batches)
     merged.timings = timings
     return merged
@@ -142,16 +109,16 @@ def collect_mixed(
 def collect_any(
     venv: GroupVectorEnv | MixedEnvs,
     policy: Policy,
+    params: SamplingParams,
     *,
     seed: int | None = None,
     options: dict[str, Any] | None = None,
-    temperature: float | None = None,
 ) -> RolloutBatch:
     """:func:`collect_mixed` for several envs, :func:`~trainers.gigpo.rollout.collect` for one
     (``options`` applies to the single env; mixed envs carry their own)."""
     if isinstance(venv, MixedEnvs):
-        return collect_mixed(venv, policy, seed=seed, temperature=temperature)
-    return collect(venv, policy, seed=seed, options=options, temperature=temperature)
+        return collect_mixed(venv, policy, params, seed=seed)
+    return collect(venv, policy, params, seed=seed, options=options)
 
 
 def merge_batches(batches: Sequence[RolloutBatch]) -> RolloutBatch:

@@ -1,10 +1,12 @@
-"""Rollout collection: group envs + LLM wrappers -> batched generation -> one training row per step.
+"""Rollout collection: group envs played by the engine's lockstep rounds -> one training row per step.
 
-Uses only agentgym's public API: :class:`agentgym.wrappers.GroupVectorEnv` runs
+Uses only agentgym's public API: :class:`agentgym.vector.GroupVectorEnv` runs
 ``num_groups x group_size`` envs (each group on one task), each wrapped by
 :func:`agentgym.wrappers.llm.make_llm_env` (prompt rendering with the last ``history_length``
-steps, parsing of the model text into an env action). Each round, the prompts of the envs still
-running are generated in one batch and the env is stepped with the raw model text.
+steps, parsing of the model text into an env action). Every turn is played by the engine
+(:mod:`agentgym.engine.lockstep`): each round, the prompts of the envs still running are
+generated in one batch and every env is stepped with the raw model text. What is the trainer's
+own is the shape of a rollout (flat, tree, stepwise: branching between rounds) and its rows.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from agentgym.engine import Policy, PolicyOutput, SamplingParams
+from agentgym.engine.lockstep import play_episodes, play_round
 from agentgym.vector import GroupVectorEnv, Trajectory
 from agentgym.wrappers.llm import PromptTemplate, make_llm_env
-from trainers.gigpo.policy import Generation, Policy
 from trainers.gigpo.scored import ACTIONS_TEMPLATE
 
 #: The observation (and the recent history) only: no role text, no admissible-action list, no
@@ -115,62 +118,25 @@ def make_group_env(
 def collect(
     venv: GroupVectorEnv,
     policy: Policy,
+    params: SamplingParams,
     *,
     seed: int | None = None,
     options: dict[str, Any] | None = None,
-    temperature: float | None = None,
 ) -> RolloutBatch:
     """Play one episode in every env of ``venv`` and return its training rows.
 
     Episodes end by the env's own termination or step cap (set ``max_episode_steps`` through the
     env kwargs); finished envs drop out of the generation batch.
     """
-    timings = {"generate": 0.0, "env": 0.0}
-    t0 = time.perf_counter()
-    obs, _ = venv.reset(seed=seed, options=options)
-    timings["env"] += time.perf_counter() - t0
-    gens: list[list[Generation]] = [[] for _ in range(venv.num_envs)]
-    kwargs = {} if temperature is None else {"temperature": temperature}
-    while venv.active.any():
-        live = np.flatnonzero(venv.active)
-        obs, out = _play_round(venv, policy, obs, live, kwargs, timings)
-        for i, g in zip(live, out, strict=True):
-            gens[i].append(g)
-    return rows_from(venv.trajectories(), gens, timings)
-
-
-def _play_round(
-    venv: GroupVectorEnv,
-    policy: Policy,
-    obs: Sequence[str],
-    live: np.ndarray,
-    kwargs: dict[str, Any],
-    timings: dict[str, float],
-) -> tuple[list[str], list[Generation]]:
-    """One round: generate an action for every env in ``live`` (one batch), step the venv.
-
-    Returns the new observations of every env and the generations, in ``live`` order; adds the
-    time spent to ``timings["generate"]`` and ``timings["env"]``.
-    """
-    t0 = time.perf_counter()
-    if getattr(policy, "needs_admissible", False):  # the scored-action policy
-        infos = venv.infos_list
-        kwargs = {**kwargs, "admissible": [infos[i].get("admissible_actions") for i in live]}
-    out = policy.generate([obs[i] for i in live], **kwargs)
-    timings["generate"] += time.perf_counter() - t0
-    actions = [""] * venv.num_envs
-    for i, gen in zip(live, out, strict=True):
-        actions[i] = gen.text
-    t0 = time.perf_counter()
-    new_obs, _, _, _, _ = venv.step(actions)
-    timings["env"] += time.perf_counter() - t0
-    return list(new_obs), out
+    outputs, timings = play_episodes([venv], policy, params, seeds=[seed], options=[options])
+    return rows_from(venv.trajectories(), outputs[0], timings)
 
 
 def rows_from(
-    trajectories: list[Trajectory], gens: list[list[Generation]], timings: dict[str, float]
+    trajectories: list[Trajectory], gens: list[list[PolicyOutput]], timings: dict[str, float]
 ) -> RolloutBatch:
-    """Flatten trajectories and their generations (same order, one per step) into rows."""
+    """Flatten trajectories and the policy's answers (same order, one per step) into rows: the
+    ids trained are the ids sampled."""
     lengths = np.array([len(t.steps) for t in trajectories], dtype=np.int64)
     if any(len(g) != n for g, n in zip(gens, lengths, strict=True)):
         raise RuntimeError("a trajectory's step count differs from its number of generations")
@@ -178,7 +144,7 @@ def rows_from(
     flat = [g for per_env in gens for g in per_env]
     return RolloutBatch(
         prompt_ids=[g.prompt_ids for g in flat],
-        response_ids=[g.response_ids for g in flat],
+        response_ids=[g.token_ids for g in flat],
         sample_logprobs=[g.logprobs for g in flat],
         rewards=np.array([s.reward for s in steps], dtype=np.float32),
         group_ids=np.repeat([t.group_id for t in trajectories], lengths).astype(np.int64),
@@ -196,13 +162,13 @@ def rows_from(
 def collect_tree(
     venv: GroupVectorEnv,
     policy: Policy,
+    params: SamplingParams,
     *,
     branch_points: int,
     continuations: int,
     branch_span: int = 3,
     seed: int | None = None,
     options: dict[str, Any] | None = None,
-    temperature: float | None = None,
 ) -> RolloutBatch:
     """Play a tree of episodes in every group, as many episodes as :func:`collect` plays.
 
@@ -240,8 +206,8 @@ def collect_tree(
     # Branch rounds of each group: cumulative gaps in 1..branch_span.
     branch_round = np.cumsum(rng.integers(1, branch_span + 1, size=(num_groups, branch_points)), 1)
     level = np.zeros(num_groups, dtype=np.int64)
-    gens: list[list[Generation]] = [[] for _ in range(venv.num_envs)]
-    kwargs = {} if temperature is None else {"temperature": temperature}
+    gens: list[list[PolicyOutput]] = [[] for _ in range(venv.num_envs)]
+    obs = list(obs)
     round_index = 0
     while venv.active.any() or any(waiting):
         t0 = time.perf_counter()
@@ -259,13 +225,13 @@ def collect_tree(
                 venv.active[waiting[g]] = True  # the tree ended early: extra roots
                 waiting[g] = []
         timings["env"] += time.perf_counter() - t0
-        live = np.flatnonzero(venv.active)
-        if not live.size:
+        if not venv.active.any():
             round_index += 1
             continue
-        obs, out = _play_round(venv, policy, obs, live, kwargs, timings)
-        for i, gen in zip(live, out, strict=True):
+        holder = [obs]
+        for i, gen in play_round([venv], policy, params, holder, timings)[0].items():
             gens[i].append(gen)
+        obs = holder[0]
         round_index += 1
     return tree_rows(venv.trajectories(), gens, timings)
 
@@ -273,13 +239,13 @@ def collect_tree(
 def collect_stepwise(
     venv: GroupVectorEnv,
     policy: Policy,
+    params: SamplingParams,
     judge: Any,
     *,
     selection_temperature: float = 0.7,
     epsilon: float = 1e-6,
     seed: int | None = None,
     options: dict[str, Any] | None = None,
-    temperature: float | None = None,
 ) -> RolloutBatch:
     """SLATE's truncated step-level sampling (arXiv 2602.23440, Algorithm 1), one episode per group.
 
@@ -314,14 +280,15 @@ def collect_stepwise(
     obs, _ = venv.reset(seed=seed, options=options)
     obs = list(obs)
     timings["env"] += time.perf_counter() - t0
-    kwargs = {} if temperature is None else {"temperature": temperature}
-    rows: list[tuple[Generation, Any, int, int, float]] = []  # gen, step, group, round, reward
+    rows: list[tuple[PolicyOutput, Any, int, int, float]] = []  # gen, step, group, round, reward
     winners = [g * group_size for g in range(num_groups)]
     finished: list[Trajectory | None] = [None] * num_groups
     round_index = 0
     while venv.active.any():
         live = np.flatnonzero(venv.active)
-        obs, out = _play_round(venv, policy, obs, live, kwargs, timings)
+        holder = [obs]
+        played = play_round([venv], policy, params, holder, timings)[0]
+        obs, out = holder[0], [played[int(i)] for i in live]
         trajs = venv.trajectories()
         t0 = time.perf_counter()
         judged = judge.score_last([trajs[i] for i in live])
@@ -355,7 +322,7 @@ def collect_stepwise(
     n = len(rows)
     return RolloutBatch(
         prompt_ids=[r[0].prompt_ids for r in rows],
-        response_ids=[r[0].response_ids for r in rows],
+        response_ids=[r[0].token_ids for r in rows],
         sample_logprobs=[r[0].logprobs for r in rows],
         rewards=np.array([r[4] for r in rows], dtype=np.float32),
         group_ids=np.array([r[2] for r in rows], dtype=np.int64),
@@ -400,7 +367,7 @@ def branch_groups(trajectories: Sequence[Trajectory]) -> tuple[np.ndarray, list[
 
 
 def tree_rows(
-    trajectories: list[Trajectory], gens: list[list[Generation]], timings: dict[str, float]
+    trajectories: list[Trajectory], gens: list[list[PolicyOutput]], timings: dict[str, float]
 ) -> RolloutBatch:
     """Rows of a tree rollout: own steps of each trajectory, with their branch groups."""
     start, ids = branch_groups(trajectories)

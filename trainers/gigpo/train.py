@@ -1,6 +1,8 @@
 """Train an LLM agent on an agentgym env with GiGPO (arXiv 2505.10978), or GRPO for comparison.
 
-One script, read top to bottom (CleanRL style): ``train()`` sets up, then each iteration runs
+One script, read top to bottom (CleanRL style): ``train()`` builds the model, its learner
+(optimizer, reference, batching: :func:`build_learner`) and the engine's policy
+(:func:`build_policy`), then each iteration runs
 
 ``# EVALUATE``   greedy episodes on held-out tasks every ``eval_every`` iterations;
 ``# ROLLOUT``    ``num_groups x group_size`` episodes, every group on one task, prompts rendered
@@ -58,6 +60,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +74,7 @@ if __name__ == "__main__":
 import numpy as np
 import torch
 
+from agentgym.engine import Policy, SamplingParams, ScoredActionPolicy, TransformersPolicy
 from agentgym.io import atomic_write_text
 from trainers.gigpo import checkpoint
 from trainers.gigpo.advantage import Estimator, advantage_estimator, compute_advantage
@@ -107,14 +111,12 @@ from trainers.gigpo.multienv import (
     split_groups,
 )
 from trainers.gigpo.packing import INFERENCE_FACTOR, auto_token_budget, supports_varlen
-from trainers.gigpo.policy import HFPolicy, VLLMPolicy
 from trainers.gigpo.rollout import (
     RolloutBatch,
     collect_stepwise,
     collect_tree,
     make_group_env,
 )
-from trainers.gigpo.scored import ScoredActionPolicy
 
 
 # ----------------------------------------------------------------------------------------------
@@ -464,7 +466,13 @@ def episode_metrics(prefix: str, batch: RolloutBatch) -> dict[str, float]:
 
 
 def evaluate(
-    config: Config, eval_venv: Any, policy: Any, phase: Any, iteration: int, samples: int
+    config: Config,
+    eval_venv: Any,
+    policy: Any,
+    params: SamplingParams,
+    phase: Any,
+    iteration: int,
+    samples: int,
 ) -> dict[str, Any]:
     """Greedy (by default) episodes on the same held-out tasks every time (a fixed seed);
     the record logged as ``eval/...`` at ``iteration``."""
@@ -474,9 +482,9 @@ def evaluate(
     batch = collect_any(
         eval_venv,
         RolloutProgress(policy, phase, eval_venv.num_envs, "eval"),
+        params,
         seed=seed,
         options=_split_options(config.eval_split),
-        temperature=config.eval_temperature,
     )
     record = {"iteration": iteration, "samples": samples}
     record.update(episode_metrics("eval", batch))
@@ -490,6 +498,380 @@ def evaluated_at(history: list[dict[str, Any]], iteration: int) -> bool:
     """Whether ``history`` holds an evaluation at ``iteration`` (a checkpoint written after the
     final evaluation already holds it)."""
     return any(r["iteration"] == iteration and "eval/success_rate" in r for r in history)
+
+
+def build_policy(
+    config: Config,
+    model: Any,
+    tokenizer: Any,
+    autocast: Callable[[], Any],
+    device: torch.device,
+    compute_dtype: torch.dtype,
+) -> Policy:
+    """The engine's policy the rollouts sample from: the scored-action policy over the trained
+    model, vLLM (its weights synced after every update), or the trained model itself."""
+    if config.generation_backend not in ("hf", "vllm"):
+        raise ValueError(
+            f"generation_backend must be 'hf' or 'vllm', got {config.generation_backend!r}"
+        )
+    if config.generation_backend == "vllm" and config.policy != "scored":
+        from agentgym.engine.policies.vllm import VLLMPolicy
+
+        if config.model == "tiny":
+            raise ValueError("the vLLM backend needs a real model path (--model ...), not 'tiny'")
+        policy: Policy = VLLMPolicy(
+            config.model,
+            tokenizer,
+            max_prompt_tokens=config.max_prompt_tokens,
+            gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+            seed=config.seed,
+        )
+        policy.sync_weights(model)
+        return policy
+    local = TransformersPolicy(
+        model,
+        tokenizer,
+        max_batch=config.generation_batch_size,
+        max_prompt_tokens=config.max_prompt_tokens,
+        seed=None,  # torch's generator is the trainer's (seeded, checkpointed)
+        autocast=autocast,
+        decoder="static" if config.hf_generation == "static" else "generate",
+        compile=config.compile_decode,
+        # On GPU the decoder reads a bf16 copy of the weights (synced after each update).
+        generation_dtype=compute_dtype
+        if device.type == "cuda" and compute_dtype != torch.float32
+        else None,
+    )
+    if config.policy == "scored":  # choose among admissible actions (trainers/gigpo/scored.py)
+        return ScoredActionPolicy(
+            local,
+            seed=None,
+            token_temperature=config.temperature if config.temperature > 0 else 1.0,
+        )
+    return local
+
+
+def sampling_params(config: Config) -> tuple[SamplingParams, SamplingParams]:
+    """How rollouts and evaluations sample (for the scored policy the temperature is the softmax
+    temperature over actions)."""
+    temperature = config.action_temperature if config.policy == "scored" else config.temperature
+    rollout = SamplingParams(temperature, config.top_p, config.max_new_tokens)
+    return rollout, dataclasses.replace(rollout, temperature=config.eval_temperature)
+
+
+@dataclass
+class Learner:
+    """What an update needs: the trained model, its optimizer, the KL reference and the batching."""
+
+    model: Any
+    optimizer: torch.optim.Optimizer
+    trainable: list[torch.nn.Parameter]
+    reference: Any
+    """a frozen copy of the initial policy (None: no KL, or LoRA's base with the adapter off)"""
+    pad_id: int
+    device: torch.device
+    autocast: Callable[[], Any]
+    train_budget: int | None
+    """tokens per training micro-batch (None: ``micro_batch_size`` rows)"""
+    infer_budget: int | None
+    packed: bool
+
+
+def build_learner(
+    config: Config, model: Any, tokenizer: Any, device: torch.device, compute_dtype: torch.dtype
+) -> Learner:
+    """Put ``model`` on ``device`` in training mode (activation checkpointing on GPU unless told
+    otherwise) and build its optimizer, KL reference and update batching."""
+    model.to(device)
+    checkpointing = config.gradient_checkpointing
+    if checkpointing or (checkpointing is None and device.type == "cuda"):
+        # transformers 5 renamed it; >= 4.45 (our floor) only has the old name.
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        (enable or model.gradient_checkpointing_enable)()
+        model.config.use_cache = False  # generate() turns the cache back on for itself
+    model.train()
+    pad_id = tokenizer.pad_token_id
+
+    autocast = autocast_for(device, compute_dtype)
+
+    # The KL reference is the initial policy: a frozen copy, or the LoRA base (adapter off).
+    reference = None
+    if config.kl_coef > 0 and not config.lora_rank:
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    # Update batching: token budgets sized from the model (and the card) unless given.
+    batching = config.update_batching
+    if batching == "auto":
+        batching = "packed" if supports_varlen(model) else "tokens"
+    packed = batching == "packed"
+    card = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    if batching == "rows":
+        train_budget = infer_budget = None
+    elif config.micro_batch_tokens is not None:
+        train_budget = config.micro_batch_tokens
+        infer_budget = INFERENCE_FACTOR * config.micro_batch_tokens
+    else:
+        train_budget = auto_token_budget(model.config, device_memory=card)
+        infer_budget = auto_token_budget(model.config, inference=True, device_memory=card)
+
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
+    return Learner(
+        model, optimizer, trainable, reference, pad_id, device, autocast, train_budget,
+        infer_budget, packed,
+    )  # fmt: skip
+
+
+def collect_rollout(
+    config: Config, venv: Any, policy: Any, params: SamplingParams, judge: Any, it: int
+) -> RolloutBatch:
+    """Iteration ``it``'s rollout: stepwise, tree or flat (one env or several), on the training
+    split with the iteration's seed."""
+    seed = config.seed * 1_000_003 + it
+    options = _split_options(config.train_split)
+    if config.rollout == "stepwise":
+        return collect_stepwise(
+            venv, policy, params, judge, selection_temperature=config.selection_temperature,
+            seed=seed, options=options,
+        )  # fmt: skip
+    if config.rollout == "tree":
+        return collect_tree(
+            venv, policy, params, branch_points=config.branch_points,
+            continuations=config.continuations, branch_span=config.branch_span, seed=seed,
+            options=options,
+        )  # fmt: skip
+    return collect_any(venv, policy, params, seed=seed, options=options)
+
+
+def compute_advantages(
+    config: Config,
+    batch: RolloutBatch,
+    estimator: Estimator,
+    options: dict[str, Any],
+    judge: Any,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """(N,) per-row advantages of the estimator named by ``--advantage`` (each env's rows alone
+    in a run over several envs), and their ``advantage/...`` metrics."""
+
+    def advantage_of(batch: RolloutBatch) -> Any:
+        return compute_advantage(
+            config.advantage,
+            group_ids=batch.group_ids,
+            traj_ids=batch.traj_ids,
+            step_ids=batch.step_ids,
+            rewards=batch.rewards,
+            state_keys=batch.state_keys,
+            invalid=batch.invalid,
+            **estimator_inputs(estimator, batch, judge),
+            **options,
+        )
+
+    if batch.env_ids is None:
+        adv = advantage_of(batch)
+        values, adv_stats = adv.advantages, adv.stats
+    else:  # several envs: each env's rows alone (trainers/gigpo/multienv.py)
+        values, adv_stats = advantages_per_env(batch, advantage_of)
+    advantages = torch.as_tensor(np.asarray(values, dtype=np.float32))
+    record = {
+        "advantage/mean": float(advantages.mean()),
+        "advantage/std": float(advantages.std()) if len(advantages) > 1 else 0.0,
+    }
+    for k, v in (adv_stats or {}).items():
+        if isinstance(v, (int, float, np.floating, np.integer)):
+            record[f"advantage/{k}"] = float(v)
+    return advantages, record
+
+
+def update_policy(
+    config: Config,
+    learner: Learner,
+    batch: RolloutBatch,
+    advantages: torch.Tensor,
+    it: int,
+    console: Any,
+) -> dict[str, float]:
+    """PPO-clip over ``batch`` (token-mean), ``ppo_epochs`` x mini-batches with gradient
+    accumulation over micro-batches, optional k3 KL to the reference and entropy bonus.
+
+    ``advantages``: (N,) per row. Returns the ``update/...`` metrics and
+    ``rollout/logprob_diff`` (sampler vs trainer log-probs per token).
+    """
+    model, optimizer, reference = learner.model, learner.optimizer, learner.reference
+    pad_id, device, autocast = learner.pad_id, learner.device, learner.autocast
+    infer_budget, train_budget, packed = learner.infer_budget, learner.train_budget, learner.packed
+    trainable = learner.trainable
+    n = len(batch)
+    all_rows = np.arange(n)
+    # "Old" log-probs from the training forward (not the sampler's) so that the first
+    # ratio is exactly 1, whatever numerical path generation took. With one optimizer
+    # step per iteration the policy is still the old one when the loss is computed, so
+    # the loss's own forward (detached) serves and a forward pass is saved.
+    temp = config.temperature if config.temperature > 0 else 1.0
+    single_step = config.ppo_epochs == 1 and config.mini_batch_size >= n
+    old: list[torch.Tensor] | None = None
+    if not single_step:
+        old = batched_logprobs(
+            model, batch, all_rows, config.micro_batch_size, pad_id, device, autocast,
+            temp, infer_budget, packed,
+        )  # fmt: skip
+    diffs: list[float] = []
+    first_ratio_dev = 0.0  # max |ratio - 1| over the tokens before the first step
+    ref: list[torch.Tensor] | None = None
+    if config.kl_coef > 0:
+        if reference is not None:
+            ref = batched_logprobs(
+                reference, batch, all_rows, config.micro_batch_size, pad_id, device,
+                autocast, temp, infer_budget, packed,
+            )  # fmt: skip
+        else:  # LoRA: the base model is the adapter switched off
+            with model.disable_adapter():
+                ref = batched_logprobs(
+                    model, batch, all_rows, config.micro_batch_size, pad_id, device,
+                    autocast, temp, infer_budget, packed,
+                )  # fmt: skip
+    sums: dict[str, float] = defaultdict(float)
+    steps = 0
+    gen = np.random.default_rng(config.seed * 7919 + it)
+    console.update_started(
+        config.ppo_epochs * math.ceil(n / config.mini_batch_size), f"update {it + 1}"
+    )
+    for epoch in range(config.ppo_epochs):
+        perm = gen.permutation(n)
+        for mb_start in range(0, n, config.mini_batch_size):
+            mini = perm[mb_start : mb_start + config.mini_batch_size]
+            num_tokens = float(sum(len(batch.response_ids[i]) for i in mini))
+            optimizer.zero_grad(set_to_none=True)
+            for idx in micro_groups(batch, mini, train_budget, config.micro_batch_size):
+                with autocast():
+                    logp, mask, entropy = rows_forward(
+                        model,
+                        [batch.prompt_ids[i] for i in idx],
+                        [batch.response_ids[i] for i in idx],
+                        pad_id,
+                        device,
+                        with_entropy="grad" if config.entropy_coef > 0 else True,
+                        temperature=temp,
+                        packed=packed,
+                    )
+                width = logp.shape[1]
+                if old is None:
+                    old_lp = logp.detach()
+                else:
+                    old_lp = pad_right_aligned([old[i] for i in idx], width, device)
+                if epoch == 0:  # sampler vs trainer log-probs, per token
+                    sampled = pad_right_aligned(
+                        [torch.tensor(batch.sample_logprobs[i]) for i in idx], width, device
+                    )
+                    diffs.append(float(masked_mean((old_lp - sampled).abs(), mask)))
+                if steps == 0:  # no optimizer step yet: every ratio must be 1
+                    dev = ((logp.detach() - old_lp).exp() - 1).abs() * mask
+                    first_ratio_dev = max(first_ratio_dev, float(dev.max()))
+                adv_tok = advantages[torch.as_tensor(idx)].to(device)[:, None].expand(-1, width)
+                pg = ppo_clip_loss(logp, old_lp, adv_tok, mask, config.clip_ratio, denom=num_tokens)
+                loss = pg.loss
+                share = mask.sum().item() / num_tokens  # this micro-batch's share of tokens
+                ent = masked_mean(entropy, mask, num_tokens)
+                if config.entropy_coef > 0:
+                    loss = loss - config.entropy_coef * ent
+                if ref is not None:
+                    kl = masked_mean(
+                        kl_k3(logp, pad_right_aligned([ref[i] for i in idx], width, device)),
+                        mask,
+                        num_tokens,
+                    )
+                    loss = loss + config.kl_coef * kl
+                    sums["update/kl"] += kl.item()
+                loss.backward()
+                sums["update/loss"] += loss.item()
+                sums["update/pg_loss"] += pg.loss.item()
+                sums["update/entropy"] += ent.item()
+                sums["update/clip_fraction"] += pg.clip_fraction.item() * share
+                sums["update/approx_kl_old"] += pg.approx_kl_old.item() * share
+            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
+            if math.isfinite(float(grad_norm)):
+                optimizer.step()
+            sums["update/grad_norm"] += float(grad_norm)
+            steps += 1
+            console.optimizer_step()
+    record = {
+        "rollout/logprob_diff": float(np.mean(diffs)) if diffs else 0.0,
+        "update/first_ratio_dev": first_ratio_dev,
+    }
+    for k, v in sums.items():
+        record[k] = v / max(steps, 1)
+    if ref is None:
+        record["update/kl"] = 0.0
+    return record
+
+
+def run_folder_line(config: Config, out_dir: Path) -> str:
+    """The line saying where a run writes (metrics, TensorBoard, checkpoints, curve)."""
+    n = config.checkpoint_every
+    every = f"every {n} iterations and " if n > 1 else "every iteration and " if n else ""
+    saved = f"{every}at the end" if config.save_final else every.removesuffix(" and ")
+    return (
+        f"run folder {out_dir}: metrics {out_dir / 'metrics.jsonl'}"
+        + (f", TensorBoard {out_dir / 'tb'}" if config.tensorboard else "")
+        + (f", checkpoints {out_dir}/checkpoint-N {saved}" if saved else "")
+        + (f", curve {out_dir / 'curve.png'}" if config.plot else "")
+    )
+
+
+def load_for_run(config: Config, resume_dir: Path | None) -> tuple[Any, Any]:
+    """:func:`load_model_and_tokenizer`, a checkpoint that cannot be loaded reported as a
+    :class:`CheckpointError` (one line)."""
+    # transformers' per-load bar is noise for the tiny model; a real model's load keeps it.
+    with (
+        checkpoint.quiet_transformers() if config.quiet or config.model == "tiny" else nullcontext()
+    ):
+        try:
+            return load_model_and_tokenizer(config, resume_dir)
+        except (OSError, ValueError, RuntimeError) as err:
+            if resume_dir is None or isinstance(err, CheckpointError):
+                raise
+            # A checkpoint saved before checksums existed can still hold damaged weights.
+            first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+            raise CheckpointError(
+                f"--resume {resume_dir}: its model or tokenizer cannot be loaded "
+                f"({type(err).__name__}: {first}); resume from an earlier checkpoint"
+            ) from None
+
+
+def restore_state(
+    state: dict[str, Any], optimizer: torch.optim.Optimizer
+) -> tuple[int, list[dict[str, Any]]]:
+    """Load a checkpoint's optimizer and RNG states; returns (iterations done, history)."""
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["torch_rng"])
+    np.random.set_state(state["numpy_rng"])
+    if state.get("cuda_rng") is not None and torch.cuda.is_available():
+        # Saved from as many devices as that run saw; restore those that exist here.
+        for index, cuda_state in enumerate(state["cuda_rng"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, index)
+    return state["iteration"], list(state["history"])
+
+
+def print_summary(
+    config: Config,
+    history: list[dict[str, Any]],
+    start: int,
+    seconds: float,
+    out_dir: Path,
+    last_saved: int | None,
+) -> None:
+    """The run's closing lines: what changed, and where the checkpoint, metrics and curve are."""
+    lines = summary_lines(history, start, seconds)
+    where = [f"metrics {out_dir / 'metrics.jsonl'}"]
+    if last_saved is not None:
+        where.insert(0, f"checkpoint {out_dir / f'checkpoint-{last_saved}'}")
+    if config.plot:
+        from trainers.gigpo.plot import plot_history
+
+        try:
+            where.append(f"curve {plot_history(history, out_dir / 'curve.png')}")
+        except ImportError as err:
+            print(str(err), file=sys.stderr)
+    for line in [*lines, ", ".join(where)]:
+        print(line, flush=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -527,15 +909,7 @@ def train(config: Config) -> list[dict[str, Any]]:
     console = Console()
     say = console.say
     if loud:
-        n = config.checkpoint_every
-        every = f"every {n} iterations and " if n > 1 else "every iteration and " if n else ""
-        saved = f"{every}at the end" if config.save_final else every.removesuffix(" and ")
-        say(
-            f"run folder {out_dir}: metrics {out_dir / 'metrics.jsonl'}"
-            + (f", TensorBoard {out_dir / 'tb'}" if config.tensorboard else "")
-            + (f", checkpoints {out_dir}/checkpoint-N {saved}" if saved else "")
-            + (f", curve {out_dir / 'curve.png'}" if config.plot else "")
-        )
+        say(run_folder_line(config, out_dir))
         if resume_dir is not None:
             say(f"resuming from {resume_dir} (iteration {state['iteration']})")
     torch.manual_seed(config.seed)
@@ -543,99 +917,12 @@ def train(config: Config) -> list[dict[str, Any]]:
     random.seed(config.seed)
     device, compute_dtype = resolve_device(config)
 
-    # transformers' per-load bar is noise for the tiny model; a real model's load keeps it.
-    with (
-        checkpoint.quiet_transformers() if config.quiet or config.model == "tiny" else nullcontext()
-    ):
-        try:
-            model, tokenizer = load_model_and_tokenizer(config, resume_dir)
-        except (OSError, ValueError, RuntimeError) as err:
-            if resume_dir is None or isinstance(err, CheckpointError):
-                raise
-            # A checkpoint saved before checksums existed can still hold damaged weights.
-            first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-            raise CheckpointError(
-                f"--resume {resume_dir}: its model or tokenizer cannot be loaded "
-                f"({type(err).__name__}: {first}); resume from an earlier checkpoint"
-            ) from None
-    model.to(device)
-    checkpointing = config.gradient_checkpointing
-    if checkpointing or (checkpointing is None and device.type == "cuda"):
-        # transformers 5 renamed it; >= 4.45 (our floor) only has the old name.
-        enable = getattr(model, "activation_checkpointing_enable", None)
-        (enable or model.gradient_checkpointing_enable)()
-        model.config.use_cache = False  # generate() turns the cache back on for itself
-    model.train()
-    pad_id = tokenizer.pad_token_id
-
-    autocast = autocast_for(device, compute_dtype)
-
-    # The KL reference is the initial policy: a frozen copy, or the LoRA base (adapter off).
-    reference = None
-    if config.kl_coef > 0 and not config.lora_rank:
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    # Update batching: token budgets sized from the model (and the card) unless given.
-    batching = config.update_batching
-    if batching == "auto":
-        batching = "packed" if supports_varlen(model) else "tokens"
-    packed = batching == "packed"
-    card = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-    if batching == "rows":
-        train_budget = infer_budget = None
-    elif config.micro_batch_tokens is not None:
-        train_budget = config.micro_batch_tokens
-        infer_budget = INFERENCE_FACTOR * config.micro_batch_tokens
-    else:
-        train_budget = auto_token_budget(model.config, device_memory=card)
-        infer_budget = auto_token_budget(model.config, inference=True, device_memory=card)
-
-    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
-
-    if config.policy == "scored":  # choose among admissible actions (trainers/gigpo/scored.py)
-        policy: Any = ScoredActionPolicy(
-            model,
-            tokenizer,
-            token_temperature=config.temperature if config.temperature > 0 else 1.0,
-            action_temperature=config.action_temperature,
-            max_prompt_tokens=config.max_prompt_tokens,
-            autocast=autocast,
-        )
-    elif config.generation_backend == "vllm":
-        if config.model == "tiny":
-            raise ValueError("the vLLM backend needs a real model path (--model ...), not 'tiny'")
-        policy = VLLMPolicy(
-            config.model,
-            tokenizer,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            max_new_tokens=config.max_new_tokens,
-            max_prompt_tokens=config.max_prompt_tokens,
-            gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-            seed=config.seed,
-        )
-        policy.sync_weights(model)
-    elif config.generation_backend == "hf":
-        policy = HFPolicy(
-            model,
-            tokenizer,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            max_new_tokens=config.max_new_tokens,
-            max_prompt_tokens=config.max_prompt_tokens,
-            batch_size=config.generation_batch_size,
-            autocast=autocast,
-            fast=config.hf_generation == "static",
-            compile=config.compile_decode,
-            # On GPU the decoder reads a bf16 copy of the weights (synced after each update).
-            generation_dtype=compute_dtype
-            if device.type == "cuda" and compute_dtype != torch.float32
-            else None,
-        )
-    else:
-        raise ValueError(
-            f"generation_backend must be 'hf' or 'vllm', got {config.generation_backend!r}"
-        )
+    model, tokenizer = load_for_run(config, resume_dir)
+    # BUILD -------------------------------------------------------------------------------
+    learner = build_learner(config, model, tokenizer, device, compute_dtype)
+    model, optimizer, autocast = learner.model, learner.optimizer, learner.autocast
+    policy = build_policy(config, model, tokenizer, autocast, device, compute_dtype)
+    params, eval_params = sampling_params(config)
 
     # The estimator chosen by name: its options come from the config, its inputs from the batch.
     estimator = advantage_estimator(config.advantage)
@@ -651,16 +938,7 @@ def train(config: Config) -> list[dict[str, Any]]:
     if config.eval_tasks() > 0:
         eval_venv = make_run_envs(config, config.eval_tasks(), 1, evaluation=True)
 
-    start, history = 0, []
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-        start, history = state["iteration"], list(state["history"])
-        torch.set_rng_state(state["torch_rng"])
-        np.random.set_state(state["numpy_rng"])
-        if state.get("cuda_rng") is not None and torch.cuda.is_available():
-            # Saved from as many devices as that run saw; restore those that exist here.
-            for index, cuda_state in enumerate(state["cuda_rng"][: torch.cuda.device_count()]):
-                torch.cuda.set_rng_state(cuda_state, index)
+    start, history = restore_state(state, optimizer) if state is not None else (0, [])
     if config.overwrite and not resuming_in_place:  # only now: a failed load keeps the old run
         checkpoint.remove_run(out_dir)
     logger = MetricLogger(
@@ -711,37 +989,14 @@ def train(config: Config) -> list[dict[str, Any]]:
             if eval_venv is not None and it % config.eval_every == 0:
                 if not evaluated_at(history, it):
                     samples = it * venv.num_envs
-                    emit(evaluate(config, eval_venv, policy, console.phase, it, samples))
+                    emit(
+                        evaluate(config, eval_venv, policy, eval_params, console.phase, it, samples)
+                    )
             t_iter = time.perf_counter()
 
             # ROLLOUT ---------------------------------------------------------------------
             progress = RolloutProgress(policy, console.phase, venv.num_envs, f"rollout {it + 1}")
-            if config.rollout == "stepwise":
-                batch = collect_stepwise(
-                    venv,
-                    progress,
-                    judge,
-                    selection_temperature=config.selection_temperature,
-                    seed=config.seed * 1_000_003 + it,
-                    options=_split_options(config.train_split),
-                )
-            elif config.rollout == "tree":
-                batch = collect_tree(
-                    venv,
-                    progress,
-                    branch_points=config.branch_points,
-                    continuations=config.continuations,
-                    branch_span=config.branch_span,
-                    seed=config.seed * 1_000_003 + it,
-                    options=_split_options(config.train_split),
-                )
-            else:
-                batch = collect_any(
-                    venv,
-                    progress,
-                    seed=config.seed * 1_000_003 + it,
-                    options=_split_options(config.train_split),
-                )
+            batch = collect_rollout(config, venv, progress, params, judge, it)
             record: dict[str, Any] = {"iteration": it + 1, "samples": (it + 1) * venv.num_envs}
             record.update(episode_metrics("rollout", batch))
             if isinstance(venv, MixedEnvs):  # and per env
@@ -752,142 +1007,17 @@ def train(config: Config) -> list[dict[str, Any]]:
 
             # ADVANTAGE -------------------------------------------------------------------
             t0 = time.perf_counter()
-
-            def advantage_of(batch: RolloutBatch) -> Any:
-                return compute_advantage(
-                    config.advantage,
-                    group_ids=batch.group_ids,
-                    traj_ids=batch.traj_ids,
-                    step_ids=batch.step_ids,
-                    rewards=batch.rewards,
-                    state_keys=batch.state_keys,
-                    invalid=batch.invalid,
-                    **estimator_inputs(estimator, batch, judge),
-                    **advantage_options,
-                )
-
-            if batch.env_ids is None:
-                adv = advantage_of(batch)
-                values, adv_stats = adv.advantages, adv.stats
-            else:  # several envs: each env's rows alone (trainers/gigpo/multienv.py)
-                values, adv_stats = advantages_per_env(batch, advantage_of)
-            advantages = torch.as_tensor(np.asarray(values, dtype=np.float32))
+            advantages, adv_record = compute_advantages(
+                config, batch, estimator, advantage_options, judge
+            )
             time_advantage = time.perf_counter() - t0
-            record["advantage/mean"] = float(advantages.mean())
-            record["advantage/std"] = float(advantages.std()) if len(advantages) > 1 else 0.0
-            for k, v in (adv_stats or {}).items():
-                if isinstance(v, (int, float, np.floating, np.integer)):
-                    record[f"advantage/{k}"] = float(v)
+            record.update(adv_record)
 
             # UPDATE ----------------------------------------------------------------------
             consistent, ctrl_c.must_finish = None, True  # weights move from here on
             t0 = time.perf_counter()
-            n = len(batch)
-            all_rows = np.arange(n)
-            # "Old" log-probs from the training forward (not the sampler's) so that the first
-            # ratio is exactly 1, whatever numerical path generation took. With one optimizer
-            # step per iteration the policy is still the old one when the loss is computed, so
-            # the loss's own forward (detached) serves and a forward pass is saved.
-            temp = config.temperature if config.temperature > 0 else 1.0
-            single_step = config.ppo_epochs == 1 and config.mini_batch_size >= n
-            old: list[torch.Tensor] | None = None
-            if not single_step:
-                old = batched_logprobs(
-                    model, batch, all_rows, config.micro_batch_size, pad_id, device, autocast,
-                    temp, infer_budget, packed,
-                )  # fmt: skip
-            diffs: list[float] = []
-            first_ratio_dev = 0.0  # max |ratio - 1| over the tokens before the first step
-            ref: list[torch.Tensor] | None = None
-            if config.kl_coef > 0:
-                if reference is not None:
-                    ref = batched_logprobs(
-                        reference, batch, all_rows, config.micro_batch_size, pad_id, device,
-                        autocast, temp, infer_budget, packed,
-                    )  # fmt: skip
-                else:  # LoRA: the base model is the adapter switched off
-                    with model.disable_adapter():
-                        ref = batched_logprobs(
-                            model, batch, all_rows, config.micro_batch_size, pad_id, device,
-                            autocast, temp, infer_budget, packed,
-                        )  # fmt: skip
-            sums: dict[str, float] = defaultdict(float)
-            steps = 0
-            gen = np.random.default_rng(config.seed * 7919 + it)
-            console.update_started(
-                config.ppo_epochs * math.ceil(n / config.mini_batch_size), f"update {it + 1}"
-            )
-            for epoch in range(config.ppo_epochs):
-                perm = gen.permutation(n)
-                for mb_start in range(0, n, config.mini_batch_size):
-                    mini = perm[mb_start : mb_start + config.mini_batch_size]
-                    num_tokens = float(sum(len(batch.response_ids[i]) for i in mini))
-                    optimizer.zero_grad(set_to_none=True)
-                    for idx in micro_groups(batch, mini, train_budget, config.micro_batch_size):
-                        with autocast():
-                            logp, mask, entropy = rows_forward(
-                                model,
-                                [batch.prompt_ids[i] for i in idx],
-                                [batch.response_ids[i] for i in idx],
-                                pad_id,
-                                device,
-                                with_entropy="grad" if config.entropy_coef > 0 else True,
-                                temperature=temp,
-                                packed=packed,
-                            )
-                        width = logp.shape[1]
-                        if old is None:
-                            old_lp = logp.detach()
-                        else:
-                            old_lp = pad_right_aligned([old[i] for i in idx], width, device)
-                        if epoch == 0:  # sampler vs trainer log-probs, per token
-                            sampled = pad_right_aligned(
-                                [torch.tensor(batch.sample_logprobs[i]) for i in idx], width, device
-                            )
-                            diffs.append(float(masked_mean((old_lp - sampled).abs(), mask)))
-                        if steps == 0:  # no optimizer step yet: every ratio must be 1
-                            dev = ((logp.detach() - old_lp).exp() - 1).abs() * mask
-                            first_ratio_dev = max(first_ratio_dev, float(dev.max()))
-                        adv_tok = (
-                            advantages[torch.as_tensor(idx)].to(device)[:, None].expand(-1, width)
-                        )
-                        pg = ppo_clip_loss(
-                            logp, old_lp, adv_tok, mask, config.clip_ratio, denom=num_tokens
-                        )
-                        loss = pg.loss
-                        share = mask.sum().item() / num_tokens  # this micro-batch's share of tokens
-                        ent = masked_mean(entropy, mask, num_tokens)
-                        if config.entropy_coef > 0:
-                            loss = loss - config.entropy_coef * ent
-                        if ref is not None:
-                            kl = masked_mean(
-                                kl_k3(
-                                    logp, pad_right_aligned([ref[i] for i in idx], width, device)
-                                ),
-                                mask,
-                                num_tokens,
-                            )
-                            loss = loss + config.kl_coef * kl
-                            sums["update/kl"] += kl.item()
-                        loss.backward()
-                        sums["update/loss"] += loss.item()
-                        sums["update/pg_loss"] += pg.loss.item()
-                        sums["update/entropy"] += ent.item()
-                        sums["update/clip_fraction"] += pg.clip_fraction.item() * share
-                        sums["update/approx_kl_old"] += pg.approx_kl_old.item() * share
-                    grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
-                    if math.isfinite(float(grad_norm)):
-                        optimizer.step()
-                    sums["update/grad_norm"] += float(grad_norm)
-                    steps += 1
-                    console.optimizer_step()
+            record.update(update_policy(config, learner, batch, advantages, it, console))
             policy.sync_weights(model)
-            record["rollout/logprob_diff"] = float(np.mean(diffs)) if diffs else 0.0
-            record["update/first_ratio_dev"] = first_ratio_dev
-            for k, v in sums.items():
-                record[k] = v / max(steps, 1)
-            if ref is None:
-                record["update/kl"] = 0.0
 
             # LOG -------------------------------------------------------------------------
             record["time/generate"] = batch.timings["generate"]
@@ -896,9 +1026,9 @@ def train(config: Config) -> list[dict[str, Any]]:
             record["time/update"] = time.perf_counter() - t0
             record["time/iteration"] = time.perf_counter() - t_iter
             record["time/tokens_per_s"] = progress.tokens / max(batch.timings["generate"], 1e-9)
-            record["time/update_tokens_per_s"] = float(row_lengths(batch, all_rows).sum()) / max(
-                record["time/update"], 1e-9
-            )
+            record["time/update_tokens_per_s"] = float(
+                row_lengths(batch, np.arange(len(batch))).sum()
+            ) / max(record["time/update"], 1e-9)
             emit(record)
             if loud:
                 say(iteration_line(record, config.iterations))
@@ -917,7 +1047,8 @@ def train(config: Config) -> list[dict[str, Any]]:
         # EVALUATE and CHECKPOINT the final policy --------------------------------------
         done = config.iterations
         if eval_venv is not None and not evaluated_at(history, done):
-            emit(evaluate(config, eval_venv, policy, console.phase, done, done * venv.num_envs))
+            samples = done * venv.num_envs
+            emit(evaluate(config, eval_venv, policy, eval_params, console.phase, done, samples))
         if config.save_final and last_saved != done and (done > start or not resuming_in_place):
             ctrl_c.must_finish = True  # a Ctrl-C now would only cut the final save short
             save(done)
@@ -931,19 +1062,7 @@ def train(config: Config) -> list[dict[str, Any]]:
         venv.close()
         if eval_venv is not None:
             eval_venv.close()
-    lines = summary_lines(history, start, time.perf_counter() - t_start)
-    where = [f"metrics {out_dir / 'metrics.jsonl'}"]
-    if last_saved is not None:
-        where.insert(0, f"checkpoint {out_dir / f'checkpoint-{last_saved}'}")
-    if config.plot:
-        from trainers.gigpo.plot import plot_history
-
-        try:
-            where.append(f"curve {plot_history(history, out_dir / 'curve.png')}")
-        except ImportError as err:
-            print(str(err), file=sys.stderr)
-    for line in [*lines, ", ".join(where)]:
-        print(line, flush=True)
+    print_summary(config, history, start, time.perf_counter() - t_start, out_dir, last_saved)
     return history
 
 

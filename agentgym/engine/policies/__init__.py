@@ -10,9 +10,12 @@ work at all with this backend, :class:`PolicyUnavailable`) raises, once, with wh
 - :class:`OpenAIChatPolicy`: ``POST /v1/chat/completions`` with httpx; the server applies the
   chat template. Token ids and log-probs are kept when the server returns them (vLLM does with
   ``logprobs``; ``transformers serve`` ignores the field).
-- :class:`TransformersPolicy`: a local model in this process. Requests from many episodes are
-  gathered by a micro-batcher into one batched ``generate`` in a single worker thread, and the
+- :class:`TransformersPolicy`: a local model in this process (a folder, or a trainer's model).
+  A lockstep round is one batched call (:meth:`Policy.generate`); requests from the async
+  engine's episodes are gathered by a micro-batcher into batches in a single worker thread; the
   sampled token ids and their log-probs are recorded (the ids trained are the ids sampled).
+- ``agentgym.engine.policies.vllm.VLLMPolicy``: vLLM in this process, the GPU path of lockstep
+  rounds (imported on its own: it needs vLLM).
 - :class:`ScoredActionPolicy`: scores each candidate action by the model's log-likelihood of it
   as the reply to the prompt and picks the best (or samples from the softmax); the scores come
   from a local model (:class:`TransformersPolicy`) or a server returning prompt log-probs
@@ -27,7 +30,7 @@ from agentgym.engine.policies.base import (
 )
 from agentgym.engine.policies.http import OpenAIChatPolicy, OpenAICompletionsScorer
 from agentgym.engine.policies.scored import ScoredActionPolicy, candidate_actions
-from agentgym.engine.policies.transformers import TransformersPolicy
+from agentgym.engine.policies.transformers import TransformersPolicy, chat_prompt_ids
 
 __all__ = [
     "OpenAIChatPolicy",
@@ -39,4 +42,5 @@ __all__ = [
     "ScoredActionPolicy",
     "TransformersPolicy",
     "candidate_actions",
+    "chat_prompt_ids",
 ]

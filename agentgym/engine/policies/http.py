@@ -8,8 +8,10 @@ import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+from agentgym.engine.chat_template import end_ids, turn_end_id
 from agentgym.engine.policies.base import (
     Messages,
     Policy,
@@ -396,8 +398,11 @@ class OpenAICompletionsScorer:
 
         self.http = _HTTPClient(base_url, api_key, model, timeout, retries, backoff, 256)
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
-        # The end-of-turn token closes each candidate, as in the local scorer.
-        self.end_text = self.tokenizer.eos_token or ""
+        # The token the chat template closes a reply with ends each candidate, as in the local
+        # scorer (not the generation config's first end id: Llama 3.x lists <|end_of_text|>).
+        self.end_text = self.tokenizer.decode(
+            [turn_end_id(self.tokenizer, _end_ids(self.tokenizer))]
+        )
         self._list_prompts = True
 
     async def score(
@@ -477,3 +482,15 @@ class OpenAICompletionsScorer:
 
     async def aclose(self) -> None:
         await self.http.aclose()
+
+
+def _end_ids(tokenizer: Any) -> list[int]:
+    """The end ids of the model whose tokenizer ``tokenizer`` (a loaded one, from a folder or hub
+    name with a ``generation_config.json`` where there is one) is."""
+    from transformers import GenerationConfig
+
+    try:
+        config = GenerationConfig.from_pretrained(tokenizer.name_or_path)
+    except (OSError, ValueError):  # no generation config beside the tokenizer
+        config = None
+    return end_ids(SimpleNamespace(generation_config=config), tokenizer)

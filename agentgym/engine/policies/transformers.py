@@ -1,27 +1,51 @@
-"""A local transformers model in this process, micro-batched across episodes."""
+"""A local transformers model in this process: batched for lockstep rounds, micro-batched across
+episodes for the async engine, and the scorer of the scored-action policy."""
 
 from __future__ import annotations
 
 import asyncio
-import inspect
+import copy
 import queue
 import threading
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentgym.engine.chat_template import end_ids, turn_end_id
 from agentgym.engine.policies.base import (
+    Infos,
     Messages,
     Policy,
     PolicyOutput,
     SamplingParams,
 )
 
-# ---------------------------------------------------------------------------------------------
-# Local transformers model, micro-batched
-# ---------------------------------------------------------------------------------------------
+__all__ = ["TransformersPolicy", "chat_prompt_ids"]
+
+
+def chat_prompt_ids(
+    tokenizer: Any, prompt: str | Messages, max_prompt_tokens: int | None = None
+) -> list[int]:
+    """Token ids of ``prompt`` (text, as one user turn, or chat messages) under the tokenizer's
+    chat template, the generation prompt added.
+
+    Without a chat template the text of the last message is encoded. Prompts longer than
+    ``max_prompt_tokens`` keep their tail (the current observation and the instruction are at
+    the end; the oldest history goes first), as verl-agent's left truncation does.
+    """
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    else:
+        text = messages[-1]["content"]
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+        ids = ids[-max_prompt_tokens:]
+    return list(ids)
 
 
 @dataclass
@@ -36,34 +60,50 @@ class _Job:
 
 
 class TransformersPolicy(Policy):
-    """A local transformers model, in this process; generation micro-batched across episodes.
+    """A local transformers model, in this process.
 
-    Every :meth:`act` puts its request on a queue; one worker thread owns the model and takes,
-    each time it is free, every queued request with the same sampling parameters (up to
-    ``max_batch``) into one left-padded ``generate`` call. So the more episodes wait on the
-    model, the bigger its batches, and the event loop never blocks on a forward pass.
+    :meth:`generate` answers a lockstep round: every prompt in length-sorted batches of
+    ``max_batch``, in the caller's thread (the trainer samples from the model it trains).
+    :meth:`act` answers one turn of the async engine: requests go on a queue, and one worker
+    thread owning the model takes, each time it is free, every queued request with the same
+    sampling parameters (up to ``max_batch``) into one batch, so the more episodes wait on the
+    model the bigger its batches, and the event loop never blocks on a forward pass.
 
     Sampling uses the whole distribution at ``temperature`` (``top_k`` off, ``top_p`` as asked,
     no repetition penalty: the model's own generation defaults are overridden so the recorded
     log-probs are those of the distribution sampled); temperature 0 is greedy. ``token_ids``
     are the sampled ids up to and including the end-of-turn token, ``logprobs`` their log-probs
     under the model's distribution at the sampling temperature (float32; before top-p
-    truncation, the distribution a training forward pass scores).
+    truncation, the distribution a training forward pass scores), ``prompt_ids`` the prompt.
 
     Args:
-        model_path: a transformers folder or hub name (``agentgym.models.model_path()`` gives
-            the suite's SmolLM2).
-        device: ``"auto"`` (CUDA when present, else CPU), or a torch device string.
-        max_batch: most requests in one ``generate``.
+        model: a transformers folder or hub name (``agentgym.models.model_path()`` gives the
+            suite's SmolLM2), loaded here; or a loaded causal LM (a trainer's, peft included),
+            used as it is, with ``tokenizer``.
+        tokenizer: the model's tokenizer, when ``model`` is a loaded model.
+        device: ``"auto"`` (CUDA when present, else CPU), or a torch device string; for a loaded
+            model, where it already is.
+        max_batch: most prompts in one batch.
         max_prompt_tokens: longer prompts keep their tail (the current observation and the
             instruction are at the end).
-        seed: seeds torch's generator once, so a run's sampling is reproducible given the same
-            batches.
+        seed: seeds torch's global generator once (None: leave it as it is, as a trainer that
+            seeded it does).
+        decoder: ``"generate"`` (transformers' ``generate``, the reference) or ``"static"``
+            (:class:`~agentgym.engine.decoding.StaticDecoder`: a static KV cache, sampling on
+            the device, finished rows dropped, on CUDA a compiled decode step; the same greedy
+            tokens, see ``tests/trainers/test_generation.py``). Falls back to ``"generate"``
+            with a warning where the model or transformers version does not support it.
+        compile: the static decoder's ``compile`` (None: on CUDA only).
+        autocast: a context-manager factory (e.g. bf16 on GPU) wrapping generation on the model
+            itself; log-probs are float32.
+        generation_dtype: static decoder only: decode with a copy of the model in this dtype,
+            refreshed by :meth:`sync_weights`, instead of the model's weights under autocast.
     """
 
     def __init__(
         self,
-        model_path: str | Path,
+        model: Any,
+        tokenizer: Any = None,
         device: str = "auto",
         *,
         max_batch: int = 32,
@@ -71,52 +111,204 @@ class TransformersPolicy(Policy):
         dtype: Any = None,
         seed: int | None = 0,
         batch_wait_s: float = 0.002,
+        decoder: str = "generate",
+        compile: bool | None = None,
+        autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+        generation_dtype: Any = None,
     ):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
-        self.model_path = str(model_path)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        kwargs = {"dtype": dtype} if dtype is not None else {}
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, **kwargs).to(self.device)
-        self.model.eval().requires_grad_(False)
+        if decoder not in ("generate", "static"):
+            raise ValueError(f"decoder must be 'generate' or 'static', got {decoder!r}")
+        if isinstance(model, str | Path):
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            if device == "auto":
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+            self.model_path = str(model)
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(self.model_path)
+            kwargs = {"dtype": dtype} if dtype is not None else {}
+            model = AutoModelForCausalLM.from_pretrained(self.model_path, **kwargs).to(device)
+            model.eval().requires_grad_(False)
+        elif tokenizer is None:
+            raise ValueError("a loaded model needs its tokenizer: TransformersPolicy(model, tok)")
+        else:
+            self.model_path = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
         self.max_batch = max_batch
         self.max_prompt_tokens = max_prompt_tokens
         self.batch_wait_s = batch_wait_s
-        eos = self.model.generation_config.eos_token_id
-        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos_ids:
-            eos_ids.append(self.tokenizer.eos_token_id)
-        self.eos_ids = eos_ids
+        self.autocast = autocast
+        self.eos_ids = end_ids(model, tokenizer)
+        #: the token the chat template closes a reply with: what a scored action ends with
+        self.turn_end_id = turn_end_id(tokenizer, self.eos_ids)
         self.pad_id = (
-            self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos_ids[0]
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         )
         if seed is not None:
             torch.manual_seed(seed)
-        params = inspect.signature(self.model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.decoder = None
+        self.generation_model = model
+        if decoder == "static":
+            self.decoder = self._static_decoder(compile, generation_dtype)
+        self._action_ids: dict[str, list[int]] = {}  # action texts recur: tokenize each once
         self.batch_sizes: list[int] = []
         """size of every batch the worker ran (for measuring how well requests gathered)"""
         self._queue: queue.Queue[_Job | None] = queue.Queue()
-        self._worker = threading.Thread(target=self._serve, name="agentgym-model", daemon=True)
-        self._worker.start()
+        self._worker: threading.Thread | None = None
+        self._lock = threading.Lock()
 
-    # -- public --------------------------------------------------------------------------------
+    def _static_decoder(self, compile: bool | None, generation_dtype: Any) -> Any:
+        from agentgym.engine.decoding import StaticDecoder
+
+        if not StaticDecoder.supports(self.model):
+            warnings.warn(
+                "the static-cache decoder does not support this model or transformers version; "
+                "generating with transformers' generate (upgrade transformers to >= 4.56, or "
+                "pass hf_generation='generate' to silence this)",
+                stacklevel=3,
+            )
+            return None
+        # Decoding reads every weight once per token: from fp32 weights under autocast that is
+        # a read, a cast and a write per step, 4x the bytes of reading a low-precision copy.
+        if generation_dtype is not None:
+            self.generation_model = copy.deepcopy(self.model).to(generation_dtype)
+            self.generation_model.eval().requires_grad_(False)
+        return StaticDecoder(
+            self.generation_model, eos_ids=self.eos_ids, pad_id=self.pad_id, compile=compile
+        )
+
+    # -- a lockstep round ------------------------------------------------------------------------
     def prompt_ids(self, messages: Messages) -> list[int]:
         """The chat-templated prompt's token ids (tail kept past ``max_prompt_tokens``)."""
-        ids = self.tokenizer.apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=True
-        )
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        ids = list(ids)
-        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
-            ids = ids[-self.max_prompt_tokens :]
+        return chat_prompt_ids(self.tokenizer, messages, self.max_prompt_tokens)
+
+    def generate(
+        self, messages: Sequence[Messages], params: SamplingParams, infos: Infos = None
+    ) -> list[PolicyOutput]:
+        """One output per conversation, sampled in length-sorted batches (the model is put in
+        eval mode meanwhile); outputs in the order given."""
+        started = time.perf_counter()
+        prompt_ids = [self.prompt_ids(m) for m in messages]
+        # Similar lengths in one batch waste less padding; results go back in the caller's order.
+        order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+        results: dict[int, tuple[list[int], list[float]]] = {}
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(order), self.max_batch):
+                chunk = order[start : start + self.max_batch]
+                sampled = self._sample([prompt_ids[i] for i in chunk], params)
+                results.update(zip(chunk, sampled, strict=True))
+        finally:
+            self.model.train(was_training)
+        latency = time.perf_counter() - started
+        return [self._output(prompt_ids[i], *results[i], latency) for i in range(len(prompt_ids))]
+
+    def _output(
+        self, prompt: list[int], ids: list[int], logprobs: list[float], latency: float
+    ) -> PolicyOutput:
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        finish = "stop" if ids and ids[-1] in self.eos_ids else "length"
+        return PolicyOutput.sampled(text, prompt, ids, logprobs, latency, finish)
+
+    def _sample(
+        self, batch: list[list[int]], params: SamplingParams
+    ) -> list[tuple[list[int], list[float]]]:
+        """(ids, log-probs) sampled after each prompt of ``batch``, one batch."""
+        from agentgym.engine.decoding import generate_left_padded
+
+        with self._lock:  # the worker thread and a direct caller never share a forward pass
+            if self.decoder is not None:
+                ids, logprobs = self.decoder.generate(
+                    batch,
+                    max_new_tokens=params.max_tokens,
+                    temperature=params.temperature,
+                    top_p=params.top_p,
+                    autocast=self.autocast if self.generation_model is self.model else nullcontext,
+                )
+            else:
+                ids, logprobs = generate_left_padded(
+                    self.model,
+                    batch,
+                    eos_ids=self.eos_ids,
+                    pad_id=self.pad_id,
+                    max_new_tokens=params.max_tokens,
+                    temperature=params.temperature,
+                    top_p=params.top_p,
+                    autocast=self.autocast,
+                )
+        return list(zip(ids, logprobs, strict=True))
+
+    def sync_weights(self, model: Any) -> None:
+        """Copy ``model``'s weights into the low-precision generation copy, if there is one
+        (in place: a captured decode step keeps reading the same tensors); otherwise nothing
+        to do, generation runs on the model itself."""
+        import torch
+
+        if self.generation_model is self.model:
+            return
+        with torch.no_grad():
+            for target, source in zip(
+                self.generation_model.parameters(), model.parameters(), strict=True
+            ):
+                target.copy_(source)
+
+    # -- scoring actions -------------------------------------------------------------------------
+    def action_ids(self, action: str) -> list[int]:
+        """The response ids of ``action`` as a whole reply: its tokens, then the token the chat
+        template ends a reply with (:attr:`turn_end_id`), so a prefix of a longer action is not
+        favoured and the ids trained are those the model sees after its turns."""
+        ids = self._action_ids.get(action)
+        if ids is None:
+            ids = list(self.tokenizer(action, add_special_tokens=False)["input_ids"])
+            ids.append(self.turn_end_id)
+            self._action_ids[action] = ids
         return ids
 
+    def score_candidates(
+        self,
+        prompts: Sequence[list[int]],
+        candidates: Sequence[Sequence[list[int]]],
+        temperature: float = 1.0,
+        token_budget: int = 4096,
+    ) -> list[list[list[float]]]:
+        """Per-token log-probs of every candidate continuation of every prompt (see
+        :func:`agentgym.engine.decoding.score_candidates`), the model in eval mode meanwhile."""
+        from agentgym.engine.decoding import score_candidates
+
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self._lock:
+                scored = score_candidates(
+                    self.model,
+                    prompts,
+                    candidates,
+                    pad_id=self.pad_id,
+                    temperature=temperature,
+                    autocast=self.autocast,
+                    token_budget=token_budget,
+                )
+        finally:
+            self.model.train(was_training)
+        return [[lp.tolist() for lp in row] for row in scored]
+
+    async def score(
+        self, messages: Messages, actions: Sequence[str]
+    ) -> tuple[list[tuple[float, int]] | None, str | None, str | None]:
+        """(sum of log-probs, token count) of each action as the whole reply to ``messages``
+        (:meth:`action_ids`). All actions in one forward pass over the shared prompt."""
+        ids = self.prompt_ids(messages)
+        try:
+            scores = await self._submit("score", ids, actions=[self.action_ids(a) for a in actions])
+        except Exception as exc:  # noqa: BLE001
+            return None, f"{type(exc).__name__}: {exc}", "model_error"
+        return scores, None, None
+
+    # -- one turn of the async engine ------------------------------------------------------------
     async def act(
         self, messages: Messages, params: SamplingParams, info: dict[str, Any] | None = None
     ) -> PolicyOutput:
@@ -131,37 +323,10 @@ class TransformersPolicy(Policy):
                 error=f"{type(exc).__name__}: {exc}",
                 error_kind="model_error",
             )
-        text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
-        finish = "stop" if new_ids and new_ids[-1] in self.eos_ids else "length"
-        return PolicyOutput(
-            text,
-            token_ids=new_ids,
-            logprobs=logprobs,
-            prompt_tokens=len(ids),
-            completion_tokens=len(new_ids),
-            latency_s=time.perf_counter() - started,
-            finish_reason=finish,
-        )
-
-    async def score(
-        self, messages: Messages, actions: Sequence[str]
-    ) -> tuple[list[tuple[float, int]] | None, str | None, str | None]:
-        """(sum of log-probs, token count) of each action as the whole reply to ``messages``
-        (its tokens plus the end-of-turn token, so a prefix of a longer action is not favoured).
-        All actions in one forward pass over the shared prompt."""
-        ids = self.prompt_ids(messages)
-        end = self.eos_ids[0]
-        action_ids = [
-            list(self.tokenizer(a, add_special_tokens=False)["input_ids"]) + [end] for a in actions
-        ]
-        try:
-            scores = await self._submit("score", ids, actions=action_ids)
-        except Exception as exc:  # noqa: BLE001
-            return None, f"{type(exc).__name__}: {exc}", "model_error"
-        return scores, None, None
+        return self._output(ids, new_ids, logprobs, time.perf_counter() - started)
 
     async def aclose(self) -> None:
-        self._queue.put(None)
+        self.close()
 
     def close(self) -> None:
         """Stop the worker thread (also done by :meth:`aclose`)."""
@@ -170,7 +335,6 @@ class TransformersPolicy(Policy):
     def describe(self) -> dict[str, Any]:
         return {"policy": "transformers", "model": self.model_path, "device": str(self.device)}
 
-    # -- worker --------------------------------------------------------------------------------
     async def _submit(
         self,
         kind: str,
@@ -179,6 +343,9 @@ class TransformersPolicy(Policy):
         params: SamplingParams | None = None,
         actions: list[list[int]] | None = None,
     ) -> Any:
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._serve, name="agentgym-model", daemon=True)
+            self._worker.start()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._queue.put(_Job(kind, ids, params, actions, loop, future))
@@ -213,11 +380,10 @@ class TransformersPolicy(Policy):
             pending = [j for j in pending if all(j is not b for b in batch)]
             try:
                 if head.kind == "score":
-                    results = [self._score(head.prompt_ids, head.actions or [])]
+                    lps = self.score_candidates([head.prompt_ids], [head.actions or []])[0]
+                    results = [[(sum(lp), len(lp)) for lp in lps]]
                 else:
-                    results = self._generate(
-                        [j.prompt_ids for j in batch], head.params or SamplingParams()
-                    )
+                    results = self._sample([j.prompt_ids for j in batch], head.params)
                     self.batch_sizes.append(len(batch))
                 for job, result in zip(batch, results, strict=True):
                     job.loop.call_soon_threadsafe(_resolve, job.future, result, None)
@@ -230,123 +396,6 @@ class TransformersPolicy(Policy):
                         _resolve, job.future, None, RuntimeError("policy closed")
                     )
                 return
-
-    def _generate(
-        self, batch: list[list[int]], params: SamplingParams
-    ) -> list[tuple[list[int], list[float]]]:
-        import torch
-        from transformers import LogitsProcessorList
-
-        width = max(len(ids) for ids in batch)
-        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, ids in enumerate(batch):
-            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            attention[row, width - len(ids) :] = 1
-        greedy = params.temperature <= 0
-        sampling: dict[str, Any] = (
-            {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
-            if greedy
-            else {
-                "do_sample": True,
-                "temperature": params.temperature,
-                "top_p": params.top_p,
-                "top_k": 0,
-            }
-        )
-        recorder = _SampledLogprobs(1.0 if greedy else params.temperature)
-        with torch.inference_mode():
-            sequences = self.model.generate(
-                input_ids=input_ids.to(self.device),
-                attention_mask=attention.to(self.device),
-                max_new_tokens=params.max_tokens,
-                pad_token_id=self.pad_id,
-                eos_token_id=self.eos_ids,
-                repetition_penalty=1.0,
-                logits_processor=LogitsProcessorList([recorder]),
-                **sampling,
-            )
-        new = sequences[:, width:]  # (B, T_new)
-        logp = recorder.finish(new).cpu()  # (B, T_new)
-        new = new.cpu()
-        results = []
-        for row in range(len(batch)):
-            ids = new[row].tolist()
-            n = len(ids)
-            for t, tok in enumerate(ids):
-                if tok in self.eos_ids:
-                    n = t + 1
-                    break
-            results.append((ids[:n], logp[row, :n].tolist()))
-        return results
-
-    def _score(self, prompt: list[int], actions: list[list[int]]) -> list[tuple[float, int]]:
-        import torch
-
-        if not actions:
-            return []
-        with torch.inference_mode():
-            # The prompt once; its cache is repeated for every action (they share it).
-            first = self.model(torch.tensor([prompt], device=self.device), use_cache=True)
-            last = torch.log_softmax(first.logits[0, -1].float(), dim=-1)  # (V,)
-            # transformers 5 names the KV cache `cache`; 4.x `past_key_values`
-            cache = getattr(first, "cache", None) or first.past_key_values
-            cache.batch_repeat_interleave(len(actions))
-            width = max(len(a) for a in actions)
-            # Right padding: causal attention keeps pads after an action from touching it.
-            ids = torch.full((len(actions), width), self.pad_id, dtype=torch.long)
-            for row, a in enumerate(actions):
-                ids[row, : len(a)] = torch.tensor(a, dtype=torch.long)
-            mask = torch.ones(
-                (len(actions), len(prompt) + width), dtype=torch.long, device=self.device
-            )
-            out = self.model(ids.to(self.device), attention_mask=mask, **{self._cache_arg: cache})
-            logp = torch.log_softmax(out.logits.float(), dim=-1).cpu()  # (A, W, V)
-        scores = []
-        for row, a in enumerate(actions):
-            total = float(last[a[0]])
-            for j in range(1, len(a)):
-                total += float(logp[row, j - 1, a[j]])
-            scores.append((total, len(a)))
-        return scores
-
-
-class _SampledLogprobs:
-    """A logits processor recording log p(sampled token) one (B, V) step at a time.
-
-    ``generate`` calls it with each step's logits before sampling (custom processors run before
-    the temperature/top-p warpers); the token drawn is the last column of ``input_ids`` at the
-    next call, or of the output after the last. Keeping one step costs O(B * V) memory, where
-    ``output_scores=True`` would keep O(B * T * V). The log-probs are those of the full
-    distribution at the sampling temperature (top-p truncation not applied).
-    """
-
-    def __init__(self, temperature: float):
-        self.temperature = temperature
-        self.previous: Any = None  # (B, V) log-softmax of the last step
-        self.steps: list[Any] = []  # (B,) per generated token
-
-    def _take(self, tokens: Any) -> None:
-        if self.previous is not None:
-            self.steps.append(self.previous.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
-            self.previous = None
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        import torch
-
-        self._take(input_ids[:, -1])
-        self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
-        return scores
-
-    def finish(self, new_tokens: Any) -> Any:
-        """(B, T_new) log-probs of ``new_tokens``, the generated part of the sequences."""
-        import torch
-
-        if new_tokens.shape[1]:
-            self._take(new_tokens[:, -1])
-        if not self.steps:
-            return torch.zeros(new_tokens.shape, dtype=torch.float32)
-        return torch.stack(self.steps, dim=1)
 
 
 def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

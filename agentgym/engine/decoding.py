@@ -1,4 +1,10 @@
-"""Fast sampling for the Hugging Face backend: a static KV cache, our own decode loop, compaction.
+"""Sampling from a local transformers model: ``generate`` with the sampled tokens' log-probs
+recorded (:func:`generate_left_padded`), and a faster decoder with a static KV cache, its own
+decode loop and compaction (:class:`StaticDecoder`).
+
+Both take left-padded batches of prompt ids and return, per row, the sampled ids up to and
+including the first end token and the log-prob of each under the full distribution at the
+sampling temperature (before top-p): the distribution a training forward pass scores.
 
 ``transformers``' ``generate`` grows a dynamic KV cache by concatenation, runs Python logits
 processors every token and keeps decoding rows that have already finished. Decoding is
@@ -32,6 +38,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
 #: Steps between looks at which rows finished (each look is one device-to-host sync).
 CHECK_EVERY = 16
@@ -331,3 +338,233 @@ class StaticDecoder:
             )
             self._compile_failed = True
             return self._forward(tok, mask, positions, cache, cache_position)
+
+
+def left_pad(batch: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids (B, S), attention_mask (B, S))`` of prompts left-padded to the longest, so
+    that every prompt ends in the last column (where generation continues)."""
+    width = max(len(ids) for ids in batch)
+    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, ids in enumerate(batch):
+        input_ids[row, width - len(ids) :] = torch.tensor(list(ids), dtype=torch.long)
+        attention[row, width - len(ids) :] = 1
+    return input_ids, attention
+
+
+@torch.no_grad()
+def generate_left_padded(
+    model: torch.nn.Module,
+    batch: Sequence[Sequence[int]],
+    *,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> tuple[list[list[int]], list[list[float]]]:
+    """Sample after each prompt of ``batch`` with ``model.generate`` (the reference path).
+
+    The full distribution at ``temperature`` is sampled (``top_k`` off, ``top_p`` as given, no
+    repetition penalty: the model's own generation defaults that reshape the distribution, such
+    as Qwen's ``repetition_penalty=1.05, top_k=20``, are overridden, so the tokens come from the
+    policy a training step scores); ``temperature <= 0`` is greedy. Returns per row the new ids
+    up to and including the first of ``eos_ids`` and their log-probs (float32). The model must
+    be in eval mode (the caller's job).
+    """
+    device = next(model.parameters()).device
+    input_ids, attention = left_pad(batch, pad_id)
+    greedy = temperature <= 0
+    sampling: dict[str, Any] = (
+        {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+        if greedy
+        else {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+    )
+    recorder = SampledLogprobs(1.0 if greedy else temperature)
+    with autocast():
+        sequences = model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad_id,
+            eos_token_id=list(eos_ids),
+            repetition_penalty=1.0,
+            logits_processor=LogitsProcessorList([recorder]),
+            **sampling,
+        )
+    new = sequences[:, input_ids.shape[1] :]  # (B, T_new)
+    logp = recorder.finish(new)  # (B, T_new), float32
+    # Keep tokens up to and including the first end token; the rest is padding.
+    is_eos = torch.isin(new, torch.tensor(list(eos_ids), device=new.device))
+    after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
+    lengths = (~after_eos).sum(dim=1).tolist()
+    new_l, logp_l = new.tolist(), logp.tolist()
+    return [new_l[r][:n] for r, n in enumerate(lengths)], [
+        logp_l[r][:n] for r, n in enumerate(lengths)
+    ]
+
+
+class SampledLogprobs(LogitsProcessor):
+    """Records log p(sampled token) at every generation step, one (B, V) step at a time.
+
+    ``generate`` calls it with the model's logits before sampling; the token drawn from them is
+    the last column of ``input_ids`` at the next call (and of the output after the last one).
+    Keeping only the previous step's log-softmax costs O(B * V) memory, where
+    ``output_logits=True`` would keep every step's logits (O(B * T * V): about 20 GB for 64
+    responses of 512 tokens over Qwen's 152k-token vocabulary). It runs before the sampling
+    warpers, so the log-probs are of the full distribution at ``temperature``, the distribution
+    the update's forward pass scores.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.previous: torch.Tensor | None = None  # (B, V) log-softmax of the last step
+        self.steps: list[torch.Tensor] = []  # (B,) per generated token
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        if self.previous is not None:
+            self.steps.append(self.previous.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
+            self.previous = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._take(input_ids[:, -1])
+        self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T_new) log-probs of ``new_tokens``, the generated part of the sequences."""
+        if new_tokens.shape[1]:
+            self._take(new_tokens[:, -1])
+        if not self.steps:
+            return torch.zeros(new_tokens.shape, dtype=torch.float32, device=new_tokens.device)
+        return torch.stack(self.steps, dim=1)
+
+
+@torch.no_grad()
+def score_candidates(
+    model: torch.nn.Module,
+    prompts: Sequence[list[int]],
+    candidates: Sequence[Sequence[list[int]]],
+    *,
+    pad_id: int,
+    temperature: float = 1.0,
+    autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    token_budget: int = 4096,
+) -> list[list[torch.Tensor]]:
+    """Per-token log-probs of every candidate continuation of every prompt.
+
+    Args:
+        prompts: (B,) token ids of each prompt.
+        candidates: (B,) lists of candidate continuations (token ids) of each prompt.
+        temperature: logits are divided by it (the distribution the trainer scores), if > 0.
+        token_budget: prompt tokens (padded) per forward pass; envs go in chunks under it.
+
+    Returns:
+        ``out[b][k]``: float32 tensor (len(candidates[b][k]),), CPU, the log-prob of each token
+        of candidate k given prompt b and the candidate's earlier tokens.
+    """
+    out: list[list[torch.Tensor]] = [[] for _ in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    chunk: list[int] = []
+    for i in order:
+        width = max([len(prompts[j]) for j in chunk] + [len(prompts[i])])
+        if chunk and width * (len(chunk) + 1) > token_budget:
+            _score_chunk(model, prompts, candidates, chunk, out, pad_id, temperature, autocast)
+            chunk = []
+        chunk.append(i)
+    if chunk:
+        _score_chunk(model, prompts, candidates, chunk, out, pad_id, temperature, autocast)
+    return out
+
+
+def _score_chunk(
+    model: torch.nn.Module,
+    prompts: Sequence[list[int]],
+    candidates: Sequence[Sequence[list[int]]],
+    chunk: list[int],
+    out: list[list[torch.Tensor]],
+    pad_id: int,
+    temperature: float,
+    autocast: Callable[[], AbstractContextManager[Any]],
+) -> None:
+    device = next(model.parameters()).device
+    lengths = torch.tensor([len(prompts[i]) for i in chunk])
+    ids, attention = left_pad([prompts[i] for i in chunk], pad_id)
+    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+    with autocast():
+        first = model(
+            input_ids=ids.to(device),
+            attention_mask=attention.to(device),
+            position_ids=positions.to(device),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    scale = temperature if temperature > 0 else 1.0
+    first_lp = torch.log_softmax(first.logits[:, -1].float() / scale, dim=-1)  # (B, V)
+    # One row per candidate; the prompt's cache rows are repeated for its candidates.
+    owner = [row for row, i in enumerate(chunk) for _ in candidates[i]]
+    cand = [c for i in chunk for c in candidates[i]]
+    if not cand:
+        return
+    if any(len(c) == 0 for c in cand):
+        raise ValueError("a candidate action has no tokens")
+    owner_t = torch.tensor(owner, device=device)
+    span = max(len(c) for c in cand)
+    cand_ids = torch.full((len(cand), span), pad_id, dtype=torch.long)
+    cand_mask = torch.zeros((len(cand), span), dtype=torch.long)
+    for k, c in enumerate(cand):
+        cand_ids[k, : len(c)] = torch.tensor(c)
+        cand_mask[k, : len(c)] = 1
+    cand_ids, cand_mask = cand_ids.to(device), cand_mask.to(device)
+    token_lp = first_lp[owner_t].gather(1, cand_ids[:, :1])  # (K, 1): each first token
+    if span > 1:
+        # ``cache`` in recent transformers (``past_key_values`` warns there), the old name before
+        cache = first["cache"] if "cache" in first else first.past_key_values
+        cache.reorder_cache(owner_t)  # (B, ...) -> (K, ...): each candidate its prompt's rows
+        attn = torch.cat([attention.to(device)[owner_t], cand_mask], dim=1)
+        pos = lengths.to(device)[owner_t, None] + torch.arange(span, device=device)[None]
+        with autocast():
+            rest = model(
+                input_ids=cand_ids[:, :-1],
+                attention_mask=attn[:, :-1],
+                position_ids=pos[:, :-1],
+                use_cache=True,
+                **{_cache_kwarg(model): cache},
+            )
+        rest_lp = torch.log_softmax(rest.logits.float() / scale, dim=-1)  # (K, span - 1, V)
+        token_lp = torch.cat([token_lp, rest_lp.gather(2, cand_ids[:, 1:, None])[..., 0]], dim=1)
+    token_lp = token_lp.cpu()
+    k = 0
+    for i in chunk:
+        for c in candidates[i]:
+            out[i].append(token_lp[k, : len(c)].clone())
+            k += 1
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """The forward argument that takes a KV cache: ``cache`` in recent transformers (which
+    warns on the older name), ``past_key_values`` before."""
+    import inspect
+
+    forward = inspect.signature(type(model).forward).parameters
+    if "cache" in forward and "past_key_values" not in forward:
+        return "cache"
+    base = getattr(model, "get_base_model", None)  # peft: the wrapped model's signature
+    if base is not None and base() is not model:
+        return _cache_kwarg(base())
+    return "past_key_values"
+
+
+def choose(
+    scores: torch.Tensor, temperature: float, generator: torch.Generator | None = None
+) -> int:
+    """Index drawn from softmax(scores / temperature); the argmax when temperature is 0.
+
+    Draws from ``generator``, by default torch's global generator (which the trainer seeds and
+    saves in its checkpoints).
+    """
+    if temperature <= 0:
+        return int(torch.argmax(scores))
+    probs = torch.softmax(scores.double() / temperature, dim=0)
+    return int(torch.multinomial(probs, 1, generator=generator))
