@@ -877,6 +877,9 @@ def print_summary(
 # ----------------------------------------------------------------------------------------------
 # the training loop
 # ----------------------------------------------------------------------------------------------
+# train() is longer than the other functions on purpose: the loop reads top to bottom in one
+# place (CleanRL's shape), each phase is a function of its own, and what stays here is the loop
+# with the Ctrl-C bookkeeping (``consistent``, ``must_finish``) that every phase updates in turn.
 def train(config: Config) -> list[dict[str, Any]]:
     """Run the configured training; returns the metric history (also in ``metrics.jsonl``).
 
