@@ -52,18 +52,32 @@ def random_policy(
 
 
 class FunctionPolicy(EnginePolicy):
-    """A :data:`Policy` function (no model) as an engine policy: each lockstep round it gets the
-    running envs' observations and infos, and ``rng``."""
+    """A :data:`Policy` function (no model) as an engine policy.
 
-    def __init__(self, fn: Policy, rng: np.random.Generator):
-        self.fn, self.rng = fn, rng
+    With ``venv`` (the group vector env the engine's lockstep rounds play), the function is
+    called each round as a vector policy is: with every env's observation and info in env order
+    (a finished env: an empty observation and its last info), and its answers for finished envs
+    are dropped. So a policy that keeps state per env slot (the scripted SearchQA policy) and the
+    random draws of a seed are the same as when the function steps the vector env itself.
+    Without ``venv`` it gets only the running envs' turns."""
+
+    def __init__(self, fn: Policy, rng: np.random.Generator, venv: GroupVectorEnv | None = None):
+        self.fn, self.rng, self.venv = fn, rng, venv
 
     def generate(
         self, messages: Sequence[Messages], params: SamplingParams, infos: Infos = None
     ) -> list[PolicyOutput]:
         obs = [m[-1]["content"] for m in messages]
-        actions = self.fn(obs, [i or {} for i in (infos or [None] * len(obs))], self.rng)
-        return [PolicyOutput(a) for a in actions]
+        infos = [i or {} for i in (infos or [None] * len(obs))]
+        live = None if self.venv is None else np.flatnonzero(self.venv.active)
+        if live is not None and len(live) == len(obs):
+            every_obs = [""] * len(self.venv.infos_list)
+            every_info = list(self.venv.infos_list)
+            for k, i in enumerate(live):
+                every_obs[i], every_info[i] = obs[k], infos[k]
+            actions = self.fn(every_obs, every_info, self.rng)
+            return [PolicyOutput(actions[i]) for i in live]
+        return [PolicyOutput(a) for a in self.fn(obs, infos, self.rng)]
 
     async def act(
         self,
@@ -144,7 +158,8 @@ def run_group_rollout(
 ) -> RolloutReport:
     """One episode in each of ``num_groups x group_size`` envs; returns the summary.
 
-    ``policy(observations, infos, rng)`` answers each round for the envs still running.
+    ``policy(observations, infos, rng)`` answers each round with one action per env, in env
+    order, as a vector policy does; the answers for envs that already finished are ignored.
 
     Pass ``vec`` to reuse a built vector env (its shape then overrides num_groups/group_size).
     ``reset_options`` go to every env's reset (e.g. ``{"split": "valid"}``).
@@ -152,7 +167,7 @@ def run_group_rollout(
     own = vec is None
     if vec is None:
         vec = GroupVectorEnv(env_id, num_groups, group_size, backend=backend, env_kwargs=env_kwargs)
-    player = FunctionPolicy(policy, np.random.default_rng(seed))
+    player = FunctionPolicy(policy, np.random.default_rng(seed), vec)
     try:
         start = time.perf_counter()
         play_episodes([vec], player, SamplingParams(), seeds=[seed], options=[reset_options])

@@ -458,6 +458,8 @@ class RolloutEngine:
                 outputs = await self.policy.act_batch(
                     messages, self.params, [live.info for live in lives]
                 )
+            elif len(lives) == 1:  # an async episode's turn: awaited here, not in a new task
+                outputs = [await lives[0].policy.act(messages[0], self.params, lives[0].info)]
             else:
                 # per-episode policies (``Policy.for_episode``, e.g. an adapter's token context)
                 # each answer their own turn; one that batches gathers the round itself

@@ -24,11 +24,17 @@ PASS_THROUGH = ("agentgym.engine.policies.base", "asyncio", "trainers.gigpo.cons
 
 
 def caller_module() -> str:
-    """The module of the first frame outside this file and the pass-through layers."""
+    """The module of the first frame outside this file, the pass-through layers and any policy
+    that wraps another (``agentgym eval``'s progress counter forwards each turn to the policy it
+    wraps: the question is who asked the outermost policy)."""
     for frame in inspect.stack()[2:]:
         name = frame.frame.f_globals.get("__name__", "")
-        if name != __name__ and not name.startswith(PASS_THROUGH):
-            return name
+        if name == __name__ or name.startswith(PASS_THROUGH):
+            continue
+        owner = frame.frame.f_locals.get("self")
+        if isinstance(owner, Policy) and isinstance(getattr(owner, "inner", None), Policy):
+            continue  # a policy forwarding to the one it wraps
+        return name
     return "?"
 
 

@@ -220,7 +220,7 @@ def test_gpu_iteration_benchmark_compares_both_paths_on_cpu(tmp_path):
     subprocess.run(
         [sys.executable, str(root / "benchmarks" / "bench_gpu_iteration.py"), "--compare",
          "--device", "cpu", "--layers", "1", "--hidden", "32", "--max-new-tokens", "3",
-         "--num-groups", "2", "--group-size", "2", "--max-steps", "1", "--out", str(out)],
+         "--num-groups", "2", "--group-size", "2", "--max-episode-steps", "1", "--out", str(out)],
         check=True, cwd=root, capture_output=True,
     )  # fmt: skip
     result = json.loads(out.read_text())
