@@ -271,14 +271,23 @@ class _Connection:
         self.last_activity = time.monotonic()
         self.active = False  # the last frame passed to OpenEnv was activity
         self.receives = 0  # calls of receive() by OpenEnv's handler (the 1st: the handshake)
+        self.peer: Any = None  # the client's (host, port), named in the hang-up line
 
     def _hung_up(self, what: str, exc: BaseException) -> None:
         self.gone = True
         if not self.logged:  # one line per connection, whichever send or receive noticed it
             self.logged = True
-            logger.debug("%s: %s: %s", what, type(exc).__name__, exc)
+            logger.debug(
+                "%s (%s): %s: %s",
+                what,
+                self.peer,
+                type(exc).__name__,
+                exc,
+                extra={"peer": self.peer},
+            )
 
     async def serve(self, scope: dict) -> None:
+        self.peer = tuple(scope["client"]) if scope.get("client") else None
         try:
             await self.guard.app(scope, self.receive, self.send)
         except Exception as exc:  # noqa: BLE001 - see below
