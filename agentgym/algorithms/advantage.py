@@ -769,7 +769,8 @@ def slea_rl(batch: AdvantageBatch, config: SLEARLConfig) -> AdvantageResult:
 
     Their optional ``compute_experience_weighted_advantage`` (every advantage times
     ``1 + 0.1 min(1, library size / 100)``) is not called by their trainer and is not applied
-    here. The experience library and its retrieval live on the rollout side.
+    here. The experience library and its retrieval live on the rollout side
+    (:mod:`agentgym.algorithms.slea_library`), keyed by the same ``state_key``.
     """
     return gigpo(batch, config)
 
