@@ -270,3 +270,20 @@ def test_token_assignment_puts_each_level_on_its_span():
     tokens = plan_execute_token_advantages(result, action, subgoal)
     np.testing.assert_allclose(tokens[:, 0].numpy(), result.episode_advantage, atol=1e-6)
     np.testing.assert_allclose(tokens[:, 2].numpy(), result.step_advantage, atol=1e-6)
+
+
+def test_the_trainer_builds_segment_starts_from_step_infos():
+    from types import SimpleNamespace
+
+    from agentgym.algorithms import advantage_estimator
+    from agentgym.vector import Step, Trajectory
+    from trainers.gigpo.train import estimator_inputs
+
+    marked = Trajectory(group_id=0, traj_id=0, task_id="t")
+    for start in (True, False, True):
+        marked.steps.append(Step("o", "a", 0.0, "s", True, {"subgoal_start": start}))
+    plain = Trajectory(group_id=0, traj_id=1, task_id="t")
+    plain.steps += [Step("o", "a", 0.0, "s", True, {}) for _ in range(2)]
+    batch = SimpleNamespace(trajectories=[marked, plain], row_start=None)
+    inputs = estimator_inputs(advantage_estimator("hiper"), batch, None)
+    np.testing.assert_array_equal(inputs["segment_starts"], [True, False, True, True, False])
