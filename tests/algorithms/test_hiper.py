@@ -287,3 +287,12 @@ def test_the_trainer_builds_segment_starts_from_step_infos():
     batch = SimpleNamespace(trajectories=[marked, plain], row_start=None)
     inputs = estimator_inputs(advantage_estimator("hiper"), batch, None)
     np.testing.assert_array_equal(inputs["segment_starts"], [True, False, True, True, False])
+
+
+def test_docstring_examples_hold():
+    import doctest
+
+    import agentgym.algorithms.hiper as module
+
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted >= 3 and result.failed == 0
