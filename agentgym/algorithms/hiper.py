@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING, Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
+from gymnasium import spaces
 
 from agentgym.algorithms.advantage import (
     AdvantageBatch,
@@ -106,6 +107,7 @@ SUBGOAL_INSTRUCTION = (
 )
 """a sentence to add to a prompt template's instruction so the model knows the format"""
 
+_SHOWN = "\nCurrent sub-goal: "
 _PLAN_TAGS = re.compile(r"<(/?)(subgoal|switch)>", re.IGNORECASE)
 _SWITCH_VALUES = ("KEEP", "SWITCH")
 
@@ -222,12 +224,31 @@ class SubgoalActions(gym.Wrapper):
     - ``subgoal_start``: whether this turn started a segment (reset: False); the estimator's
       ``segment_starts`` input is this flag of every turn;
     - ``subgoal_error``: why the plan blocks were malformed (only on such steps).
+
+    With ``show_subgoal`` (the default) a text observation ends with
+    ``"\nCurrent sub-goal: <subgoal>"`` while one is in force, as the authors' prompts show
+    it, so the model can decide to keep it; the observation space grows by that line's bound.
+    Subgoals come from the model, so they are kept inside the env's charset
+    (:func:`~agentgym.core.describe_action`) and cut to :data:`MAX_SUBGOAL_CHARS`.
     """
 
-    def __init__(self, env: gym.Env) -> None:
+    def __init__(self, env: gym.Env, *, show_subgoal: bool = True) -> None:
         super().__init__(env)
+        self.show_subgoal = show_subgoal
         self.subgoal: str | None = None
         self._turns = 0
+        space = env.observation_space
+        if show_subgoal and isinstance(space, spaces.Text):
+            self.observation_space = spaces.Text(
+                max_length=space.max_length + len(_SHOWN) + MAX_SUBGOAL_CHARS + 3,
+                min_length=space.min_length,
+                charset=space.characters,
+            )
+
+    def _show(self, obs: Any) -> Any:
+        if self.show_subgoal and self.subgoal is not None and isinstance(obs, str):
+            return f"{obs}{_SHOWN}{self.subgoal}"
+        return obs
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -266,8 +287,13 @@ class SubgoalActions(gym.Wrapper):
                 else:
                     start = start or reply.switch
                 if start and (reply.subgoal is not None or reply.switch):
-                    self.subgoal = reply.subgoal
+                    self.subgoal = (
+                        None
+                        if reply.subgoal is None
+                        else describe_action(reply.subgoal, limit=MAX_SUBGOAL_CHARS)
+                    )
         obs, reward, terminated, truncated, info = self.env.step(env_action)
+        obs = self._show(obs)
         info = dict(info)
         info["subgoal"], info["subgoal_start"] = self.subgoal, bool(start)
         if error is not None:

@@ -93,12 +93,21 @@ def test_subgoal_wrapper_marks_planner_turns_on_a_real_env():
         (f"<subgoal>unclosed {a}", False, "other"),  # malformed: invalid turn, no change
     ]
     for reply, start, subgoal in replies:
-        _, _, terminated, truncated, info = env.step(reply)
+        prompt, _, terminated, truncated, info = env.step(reply)
         assert info["subgoal_start"] is start, reply
         assert info["subgoal"] == subgoal, reply
+        # the sub-goal in force is shown with the observation, inside the space
+        assert (f"Current sub-goal: {subgoal}" in prompt) is (subgoal is not None)
+        assert env.observation_space.contains(prompt)
         if terminated or truncated:
             break
     assert info["action_valid"] is False and "subgoal_error" in info
+    # a model's subgoal is kept inside the charset and bounded
+    quiet = SubgoalActions(ParseActions(gym.make("AgentGym/Corridor-v0", length=3), "plain"))
+    _, info = quiet.reset(seed=0)
+    obs, *_, info = quiet.step(f"<subgoal>caf\u00e9 {'x' * 999}</subgoal>{a}")
+    assert info["subgoal"].isascii() and len(info["subgoal"]) <= 256 + 3
+    assert quiet.observation_space.contains(obs)
 
 
 # ---------------------------------------------------------------------------------------------
