@@ -13,6 +13,11 @@ and runs every estimator of ``available_advantages()`` on the same batch:
   and judge contributions) on k full episodes per group from the task's reset state; every
   row is scored; CW-GRPO's contributions come from the family's rule judge (a round scores 1
   when it raised ``info["score"]``); ``gigpo_step`` is GiGPO's step term alone;
+* HiPER (``hiper``, critic-free) on the same flat batches; the envs state no subgoals, so a
+  rule stands in for the planner: a turn starts a segment when it is the first or the step
+  before it raised ``info["score"]`` (a subtask done, a new subgoal). Its executor advantage
+  (``advantages``) is scored on every row; ``hiper_plan`` scores the planner advantage on
+  the planner turns only;
 * SLATE on its own rollout shape with the same episode budget: per group one episode picks a
   branch step uniformly, and k continuations play on from that state (the first is that
   episode's own suffix); only the k branch-step rows carry SLATE's estimate and are scored.
@@ -226,6 +231,8 @@ def run_estimator(name: str, rows: Rows, args: argparse.Namespace, judge) -> tup
         extra["contributions"] = np.concatenate(judge(rows.trajs))
     if "branch_ids" in est.inputs:
         extra["branch_ids"] = np.array(rows.branch_ids)
+    if "segment_starts" in est.inputs:
+        extra["segment_starts"] = rule_segment_starts(rows.trajs)
     options = {"gamma": args.gamma, "norm": args.norm}
     result = compute_advantage(
         name,
@@ -242,16 +249,36 @@ def run_estimator(name: str, rows: Rows, args: argparse.Namespace, judge) -> tup
     return result, mask
 
 
+def rule_segment_starts(trajs: Sequence[_Traj]) -> np.ndarray:
+    """bool (rows,): the rule planner's segment starts, trajectory by trajectory in row order:
+    the first turn, and every turn after one that raised ``info["score"]``."""
+    starts = []
+    for traj in trajs:
+        before = float(traj.start_info.get("score", 0.0))
+        raised = False
+        for t, step in enumerate(traj.steps):
+            starts.append(t == 0 or raised)
+            after = float(step.info.get("score", 0.0))
+            raised, before = after > before, after
+    return np.array(starts, dtype=bool)
+
+
+FED = {"state_keys", "branch_ids", "contributions", "segment_starts"}
+
+
 def estimator_lines() -> list[str]:
-    """Every registered estimator the benchmark can feed, plus GiGPO's step term alone."""
-    names = [
-        n
-        for n in available_advantages()
-        if set(advantage_estimator(n).inputs) <= {"state_keys", "branch_ids", "contributions"}
-    ]
+    """Every registered estimator the benchmark can feed, plus GiGPO's step term alone and
+    HiPER's planner term on planner turns."""
+    names = [n for n in available_advantages() if set(advantage_estimator(n).inputs) <= FED]
     if "gigpo" in names:
         names.insert(names.index("gigpo") + 1, "gigpo_step")
+    if "hiper" in names:
+        names.insert(names.index("hiper") + 1, "hiper_plan")
     return names
+
+
+PARTS = {"gigpo_step": ("gigpo", "step_advantage"), "hiper_plan": ("hiper", "episode_advantage")}
+"""lines that score one term of an estimator: line -> (estimator, result field)"""
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -272,10 +299,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 flat = flat_batch(graphs, values, k, args.episodes, rng)
                 tree = slate_batch(graphs, values, k, args.episodes, rng)
                 for line in lines:
-                    name = "gigpo" if line == "gigpo_step" else line
+                    name, part = PARTS.get(line, (line, "advantages"))
                     rows = tree if "branch_ids" in advantage_estimator(name).inputs else flat
                     result, mask = run_estimator(name, rows, args, judge)
-                    est = result.step_advantage if line == "gigpo_step" else result.advantages
+                    est = getattr(result, part)
+                    if line == "hiper_plan":  # planner turns only
+                        mask = rule_segment_starts(rows.trajs)
                     exact = np.array(rows.exact)
                     if mask is not None:
                         est, exact = est[mask], exact[mask]
@@ -333,6 +362,8 @@ LABELS = {
     "slate": "SLATE (branch rows)",
     "cw_grpo": "CW-GRPO (rule judge)",
     "slea_rl": "SLEA-RL",
+    "hiper": "HiPER executor (rule segments)",
+    "hiper_plan": "HiPER planner (planner turns)",
 }
 
 

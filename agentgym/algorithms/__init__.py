@@ -1,7 +1,8 @@
 """Advantage estimators for multi-turn agent RL, shared by every trainer that consumes agentgym.
 
 :mod:`agentgym.algorithms.advantage` holds the one implementation of GRPO and GiGPO (arXiv
-2505.10978), RLOO, SLATE, CW-GRPO and SLEA-RL: the bundled trainer (``trainers/gigpo``) and
+2505.10978), RLOO, SLATE, CW-GRPO and SLEA-RL (HiPER's hierarchical estimator is in
+:mod:`agentgym.algorithms.hiper`): the bundled trainer (``trainers/gigpo``) and
 the library adapters (e.g. the verl estimator in :mod:`agentgym.integrations.verl`) all import
 it from here. :mod:`agentgym.algorithms.ground_truth` computes exact advantages on small envs
 to score them against.
@@ -29,6 +30,7 @@ from agentgym.algorithms.advantage import (
     token_advantages,
     unregister_advantage,
 )
+from agentgym.algorithms.hiper import HiPERConfig  # registers "hiper"
 
 __all__ = [
     "EPISODE_STATS",
@@ -40,6 +42,7 @@ __all__ = [
     "EpisodeGroupConfig",
     "Estimator",
     "GiGPOConfig",
+    "HiPERConfig",
     "SLEARLConfig",
     "advantage_estimator",
     "available_advantages",

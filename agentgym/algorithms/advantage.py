@@ -101,7 +101,7 @@ NORMS: tuple[str, ...] = ("mean_norm", "mean_std_norm")
 """the values of ``norm``"""
 EPISODE_STATS: tuple[str, ...] = ("trajectories", "steps")
 """the values of ``episode_stats_over``"""
-ROW_INPUTS: tuple[str, ...] = ("state_keys", "branch_ids", "contributions")
+ROW_INPUTS: tuple[str, ...] = ("state_keys", "branch_ids", "contributions", "segment_starts")
 """per-row inputs beyond the common rows that an estimator may declare (see
 :func:`compute_advantage`); ``state_keys`` is accepted by every estimator (step-group stats)"""
 
@@ -252,6 +252,7 @@ class AdvantageBatch:
         config: AdvantageConfig,
         branch_ids: Any = None,
         contributions: Any = None,
+        segment_starts: Any = None,
     ) -> None:
         group_ids = _int_rows("group_ids", group_ids)
         n = self.n = group_ids.shape[0]
@@ -271,6 +272,10 @@ class AdvantageBatch:
             self.contributions = _rows("contributions", contributions, n, np.float64)
             if not ((self.contributions >= 0.0) & (self.contributions <= 1.0)).all():
                 raise ValueError("contributions must be judge scores in [0, 1]")
+        # HiPER's planner turns: True where a turn starts a new subgoal segment.
+        self.segment_starts: np.ndarray | None = None
+        if segment_starts is not None:
+            self.segment_starts = _rows("segment_starts", segment_starts, n, np.bool_)
         self.group_code, self.num_groups = _int_codes(group_ids)
         state_code = None
         if state_keys is not None:
@@ -596,6 +601,7 @@ def compute_advantage(
         config=options,
         branch_ids=inputs.get("branch_ids"),
         contributions=inputs.get("contributions"),
+        segment_starts=inputs.get("segment_starts"),
     )
     return estimator.fn(batch, options)
 
@@ -606,6 +612,8 @@ _INPUT_HINTS = {
     "branch_ids": "the branch group of every branch-step row, -1 elsewhere "
     "(the trainer's --rollout tree or stepwise provides them)",
     "contributions": "a judge score in [0, 1] per row (see agentgym.algorithms.judges)",
+    "segment_starts": "True where a turn starts a new subgoal segment "
+    "(info['subgoal_start'] from agentgym.algorithms.hiper.SubgoalActions)",
 }
 
 
@@ -761,7 +769,8 @@ def slea_rl(batch: AdvantageBatch, config: SLEARLConfig) -> AdvantageResult:
 
     Their optional ``compute_experience_weighted_advantage`` (every advantage times
     ``1 + 0.1 min(1, library size / 100)``) is not called by their trainer and is not applied
-    here. The experience library and its retrieval live on the rollout side.
+    here. The experience library and its retrieval live on the rollout side
+    (:mod:`agentgym.algorithms.slea_library`), keyed by the same ``state_key``.
     """
     return gigpo(batch, config)
 

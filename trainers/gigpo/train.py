@@ -419,11 +419,24 @@ def _contributions(batch: RolloutBatch, judge: Any) -> np.ndarray:
     return np.concatenate(scores) if scores else np.zeros(0)
 
 
+def _segment_starts(batch: RolloutBatch, judge: Any) -> np.ndarray:
+    """HiPER's planner turns, in row order: ``info["subgoal_start"]`` of each step (set by
+    ``agentgym.algorithms.hiper.SubgoalActions``); without it only first turns start one."""
+    starts = [
+        [bool(s.info.get("subgoal_start", t == 0)) for t, s in enumerate(traj.steps)]
+        for traj in batch.trajectories
+    ]
+    if batch.row_start is not None:  # tree rows: own steps only
+        starts = [s[start:] for s, start in zip(starts, batch.row_start.tolist(), strict=True)]
+    return np.concatenate(starts).astype(bool) if starts else np.zeros(0, dtype=bool)
+
+
 # How the rollout provides each per-row input an estimator may declare beyond the common rows
 # (state_keys are passed to every estimator, which reports step-group stats from them).
 ESTIMATOR_INPUTS: dict[str, Callable[[RolloutBatch, Any], Any]] = {
     "branch_ids": lambda batch, judge: batch.branch_ids,
     "contributions": _contributions,
+    "segment_starts": _segment_starts,
 }
 
 
