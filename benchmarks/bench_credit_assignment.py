@@ -38,7 +38,7 @@ seeds, as ``bench_gigpo_vs_grpo.py`` does; only the estimator (and SLATE's rollo
 differs. Every iteration generates one action per env per round, so the samples are equal per
 round; the mean actions per iteration are reported (``slate_tree`` and ``rloo`` can be added
 with ``--methods``). SPA-RL and OPRL train their learned step-reward models beside the policy
-(:class:`agentgym.algorithms.spa.LearnedCredit`). Writes ``credit_curves.json`` and
+(:class:`agentgym.algorithms.learned_credit.LearnedCredit`). Writes ``credit_curves.json`` and
 ``credit_curves.png`` (median held-out success, min-max band).
 
     python benchmarks/bench_credit_assignment.py variance          # ~15 s

@@ -16,7 +16,7 @@ and runs every estimator of ``available_advantages()`` on the same batch:
 * the learned-credit estimators, SPA-RL and OPRL, on the same flat batch, their models trained
   first on an independent batch of the same size and shape from the same graphs (what a model
   trained on the previous iteration's rollouts knows when the policy has not moved): SPA's
-  progress estimator on its Eq. 4 (``--learn-steps`` Adam steps), OPRL's implicit PRM by
+  progress estimator on its loss L_PE (``--learn-steps`` Adam steps), OPRL's implicit PRM by
   trajectory DPO, with the candidates of each state and the policy's own probabilities as the
   reference. Both read ``(state_key, action)`` through hashed text features
   (:func:`agentgym.algorithms.spa.text_features`, the state's words, the action and one

@@ -4,7 +4,8 @@
 2505.10978), RLOO, SLATE, CW-GRPO and SLEA-RL: the bundled trainer (``trainers/gigpo``) and the
 library adapters (e.g. the verl estimator in :mod:`agentgym.integrations.verl`) all import it
 from here. SPA-RL (:mod:`~agentgym.algorithms.spa`) and OPRL (:mod:`~agentgym.algorithms.oprl`)
-read a learned model's step rewards; their models live beside them, with an ``update`` method.
+read a learned model's step rewards; their models live beside them, with an ``update`` method
+(:class:`~agentgym.algorithms.learned_credit.LearnedCredit` holds either for a trainer).
 :mod:`agentgym.algorithms.ground_truth` computes exact advantages on small envs
 to score them against.
 Each estimator is registered by name with its own options dataclass and the per-row inputs it

@@ -521,7 +521,8 @@ def compute_advantage(
 
     Args:
         name: registered estimator: ``"gigpo"``, ``"grpo"``, ``"rloo"``, ``"slate"``,
-            ``"cw_grpo"`` or ``"slea_rl"`` (see :func:`available_advantages`).
+            ``"cw_grpo"``, ``"slea_rl"``, ``"spa"`` or ``"oprl"`` (see
+            :func:`available_advantages`).
         group_ids: int (N,): the group of the row; all trajectories of a group start from the
             same task and state.
         traj_ids: int (N,): the trajectory of the row (unique within its group at least).

@@ -4,16 +4,18 @@ estimator (``"spa"``) and its learned part, the progress estimator.
 SPA redistributes an episode's delayed outcome over its steps. A *progress estimator*
 ``P_phi`` predicts each step's contribution ``c_t = P_phi(s_t, a_t)`` and is trained so that
 the contributions of a trajectory add up to its outcome (the paper's progress-estimation
-objective, its Eq. 4; the authors' ``prm/train_our_progress_model.py``: ``MSELoss`` between
-the sum of the per-turn values and ``agent_final_reward``)::
+objective, called ``L_PE`` below; the authors' ``prm/train_our_progress_model.py``:
+``MSELoss`` between the sum of the per-turn values and ``agent_final_reward``)::
 
-    L(phi) = mean over trajectories i of (R_i - sum_t c_{i,t})^2
+    L_PE(phi) = mean over trajectories i of (R_i - sum_t c_{i,t})^2
 
 During RL the contribution is fused with a *grounding signal* ``g_t`` (1 when the action was
 executed by the env, 0 when it was not) into the intermediate reward of every step (the
-paper's Eq. 5)::
+paper's fused reward, ``r_fused`` below)::
 
     r_t = alpha * c_t + beta * g_t
+
+(Equations are named here rather than numbered.)
 
 and the policy is trained on those rewards (the paper: PPO with a learned critic and GAE).
 
@@ -52,7 +54,7 @@ How a trainer calls it, once per iteration::
     adv = compute_advantage("spa", group_ids=..., traj_ids=..., step_ids=..., rewards=...,
                             invalid=..., process_rewards=progress)
     ... policy update on adv.advantages ...
-    estimator.update(feats, group_ids=..., traj_ids=..., rewards=...)   # Eq. 4 on this batch
+    estimator.update(feats, group_ids=..., traj_ids=..., rewards=...)   # L_PE on this batch
 """
 
 from __future__ import annotations
@@ -80,7 +82,6 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "LearnedCredit",
     "ProgressEstimator",
     "SPAConfig",
     "spa",
@@ -129,7 +130,7 @@ class ProgressEstimator:
     """SPA's progress estimator ``P_phi``: step features (N, D) -> contributions ``c`` (N,).
 
     A two-layer torch MLP (``D -> hidden -> 1``, tanh), trained by :meth:`update` on the
-    paper's objective (Eq. 4): the squared error between a trajectory's outcome and the sum of
+    paper's objective ``L_PE``: the squared error between a trajectory's outcome and the sum of
     its steps' contributions, averaged over trajectories. CPU by default; torch is imported
     when one is built, not when this module is.
 
@@ -184,7 +185,7 @@ class ProgressEstimator:
             return self.contributions(features).double().cpu().numpy()
 
     def loss(self, features: Any, *, group_ids: Any, traj_ids: Any, rewards: Any) -> torch.Tensor:
-        """Eq. 4: ``mean_i (R_i - sum_t c_{i,t})^2``, with ``R_i`` the trajectory's total reward.
+        """``L_PE = mean_i (R_i - sum_t c_{i,t})^2``, with ``R_i`` the trajectory's total reward.
 
         Args:
             features: float (N, D), one row per (trajectory, step), any order.
@@ -208,7 +209,7 @@ class ProgressEstimator:
     def update(
         self, features: Any, *, group_ids: Any, traj_ids: Any, rewards: Any, steps: int = 1
     ) -> dict[str, float]:
-        """``steps`` Adam steps on Eq. 4 over these rows (full batch).
+        """``steps`` Adam steps on ``L_PE`` over these rows (full batch).
 
         Returns ``{"spa/progress_loss_before": ..., "spa/progress_loss": ...}``: the loss
         before the first step and after the last.
@@ -239,7 +240,7 @@ class ProgressEstimator:
 
 @dataclass(frozen=True)
 class SPAConfig(AdvantageConfig):
-    """SPA's options: the fused reward's weights (Eq. 5), gamma 1 and no invalid penalty (the
+    """SPA's options: the fused reward's weights (``r_fused``), gamma 1 and no invalid penalty (the
     grounding term charges invalid actions)."""
 
     gamma: float = 1.0
@@ -247,13 +248,13 @@ class SPAConfig(AdvantageConfig):
     invalid_penalty: float = 0.0
     """subtracted from an invalid step's return; 0: the grounding term already charges it"""
     alpha: float = 1.0
-    """weight of the estimated progress ``c_t`` in ``r_t = alpha c_t + beta g_t`` (Eq. 5)"""
+    """weight of the estimated progress ``c_t`` in ``r_t = alpha c_t + beta g_t`` (``r_fused``)"""
     beta: float = 0.5
     """weight of the grounding signal ``g_t`` (the authors' data adds 0.5 per executed step)"""
 
 
 def spa_rewards(batch: AdvantageBatch, config: SPAConfig) -> np.ndarray:
-    """Eq. 5, the fused reward of every row, float64 (N,): ``alpha c_t + beta g_t``."""
+    """``r_fused``, the fused reward of every row, float64 (N,): ``alpha c_t + beta g_t``."""
     if batch.process_rewards is None:
         raise ValueError(
             "spa needs process_rewards: the progress estimator's c_t per row "
@@ -264,7 +265,7 @@ def spa_rewards(batch: AdvantageBatch, config: SPAConfig) -> np.ndarray:
 
 @register_advantage("spa", options=SPAConfig, inputs=("process_rewards",))
 def spa(batch: AdvantageBatch, config: SPAConfig) -> AdvantageResult:
-    """SPA (arXiv 2505.20732): returns of the fused reward ``alpha c_t + beta g_t`` (Eq. 5),
+    """SPA (arXiv 2505.20732): returns of the fused reward ``alpha c_t + beta g_t`` (``r_fused``),
     less the mean return of the group's rows at the same step index (see the module
     docstring for this critic-free stand-in for the paper's PPO value).
 
@@ -290,64 +291,3 @@ def spa(batch: AdvantageBatch, config: SPAConfig) -> AdvantageResult:
         step_advantage=a_step,
         stats=step_group_stats(batch.step_group_count(), batch.n),
     )
-
-
-class LearnedCredit:
-    """The learned part of ``spa`` or ``oprl`` behind one interface, over the text of each row.
-
-    What a trainer holds for a run: ``process_rewards(texts)`` before the advantage (the
-    ``process_rewards`` input of ``compute_advantage(name, ...)``), ``update(texts, ...)``
-    after the policy update, on the same rows. Each row's text is featurised by
-    :func:`text_features` (for a step: the observation it was chosen from and the action).
-
-    * ``"spa"``: a :class:`ProgressEstimator`, trained online on every batch (Eq. 4) rather
-      than once before RL as in the paper;
-    * ``"oprl"``: an :class:`~agentgym.algorithms.oprl.ImplicitPRM` without candidate lists
-      (free-text actions), so its step reward is ``beta f_phi(s, a)``, updated after the
-      rewards of a batch are computed (the authors' ``update=after``).
-
-    Args:
-        name: ``"spa"`` or ``"oprl"``.
-        feature_dim: width of the hashed features.
-        update_steps: Adam steps per :meth:`update`.
-        seed: seeds the model's initial weights.
-        **model_options: passed to the model (``lr``, ``hidden``; ``beta``, ``reduce`` for OPRL).
-    """
-
-    def __init__(
-        self,
-        name: str,
-        *,
-        feature_dim: int = 256,
-        update_steps: int = 20,
-        seed: int = 0,
-        **model_options: Any,
-    ) -> None:
-        from agentgym.algorithms.oprl import ImplicitPRM
-
-        models = {"spa": ProgressEstimator, "oprl": ImplicitPRM}
-        if name not in models:
-            raise ValueError(f"no learned credit model for {name!r}; choose from {sorted(models)}")
-        self.name, self.feature_dim, self.update_steps = name, feature_dim, update_steps
-        self.model = models[name](feature_dim, seed=seed, **model_options)
-
-    def process_rewards(self, texts: Sequence[str]) -> np.ndarray:
-        """float64 (N,): SPA's contributions ``c_t`` or OPRL's implicit step rewards."""
-        feats = text_features(texts, self.feature_dim)
-        if self.name == "spa":
-            return self.model.predict(feats)
-        return self.model.step_rewards(feats)
-
-    def update(
-        self, texts: Sequence[str], *, group_ids: Any, traj_ids: Any, rewards: Any
-    ) -> dict[str, float]:
-        """``update_steps`` steps of the model's objective on these rows; its metrics."""
-        feats = text_features(texts, self.feature_dim)
-        rows = {"group_ids": group_ids, "traj_ids": traj_ids, "rewards": rewards}
-        return self.model.update(feats, **rows, steps=self.update_steps)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.model.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state)

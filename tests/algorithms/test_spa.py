@@ -22,7 +22,7 @@ ROWS = dict(
 
 
 def test_spa_by_hand():
-    # Eq. 5 with alpha 1, beta 0.5: r = c + 0.5 * valid
+    # r_fused with alpha 1, beta 0.5: r = c + 0.5 * valid
     #   A: 0.7, 1.3   B: 0.6, -0.1 (invalid: no grounding)   C: 0.8
     # gamma 1 returns: A: 2.0, 1.3   B: 0.5, -0.1   C: 0.8
     # step 0 cell {2.0, 0.5, 0.8}, mean 1.1: 0.9, -0.6, -0.3
@@ -104,7 +104,7 @@ def test_progress_estimator_learns_contributions_that_sum_to_the_outcome():
     rows = {k: train[k] for k in ("group_ids", "traj_ids", "rewards")}
     first = est.update(feats, **rows)
     stats = est.update(feats, **rows, steps=300)
-    # Eq. 4 went down, by a lot, and the loss reported before a step is the one before it.
+    # L_PE went down, by a lot, and the loss reported before a step is the one before it.
     assert stats["spa/progress_loss"] < 0.01 * first["spa/progress_loss_before"]
     assert stats["spa/progress_loss_before"] < first["spa/progress_loss_before"]
     # Each step's contribution is what it is worth (the only decomposition that fits every
@@ -134,7 +134,7 @@ def test_progress_estimator_checks_shapes_and_is_seeded():
 
 def test_the_trainer_trains_the_progress_estimator_beside_the_policy(tmp_path):
     """``--advantage spa`` runs end to end (real tiny Qwen2 on the corridor): the advantages
-    read the estimator's contributions and every iteration's update lowers Eq. 4 on its batch."""
+    read the estimator's contributions and every iteration's update lowers L_PE on its batch."""
     from trainers.gigpo.config import Config
     from trainers.gigpo.train import train
 

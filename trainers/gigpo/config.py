@@ -144,7 +144,8 @@ class Config:
     # --- advantage ---------------------------------------------------------------------------
     advantage: str = "gigpo"
     """estimator registered in ``trainers.gigpo.advantage`` (``gigpo``, ``grpo``, ``rloo``,
-    ``slate``, ``cw_grpo``)"""
+    ``slate``, ``cw_grpo``, ``slea_rl``; ``spa`` and ``oprl`` train a learned step-reward model
+    beside the policy)"""
     gamma: float = 0.95
     """discount of step returns, R_t = r_t + gamma * R_{t+1}"""
     omega: float = 1.0

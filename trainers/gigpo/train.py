@@ -421,7 +421,7 @@ def _contributions(batch: RolloutBatch, judge: Any) -> np.ndarray:
 
 def row_texts(batch: RolloutBatch) -> list[str]:
     """Each row's observation and action, in row order: what SPA's and OPRL's learned models
-    read (:class:`agentgym.algorithms.spa.LearnedCredit`)."""
+    read (:class:`agentgym.algorithms.learned_credit.LearnedCredit`)."""
     steps = [tr.steps for tr in batch.trajectories]
     if batch.row_start is not None:  # tree rows: own steps only
         steps = [s[start:] for s, start in zip(steps, batch.row_start.tolist(), strict=True)]
@@ -950,7 +950,7 @@ def train(config: Config) -> list[dict[str, Any]]:
     # SPA's progress estimator or OPRL's implicit PRM, trained beside the policy.
     credit = None
     if "process_rewards" in estimator.inputs:
-        from agentgym.algorithms.spa import LearnedCredit
+        from agentgym.algorithms.learned_credit import LearnedCredit
 
         credit = LearnedCredit(config.advantage, seed=config.seed)
     venv = make_run_envs(config, config.num_groups, config.group_size, evaluation=False)
