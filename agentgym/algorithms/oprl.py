@@ -45,9 +45,9 @@ paper leaves a choice open, this module says what it does:
   the state's candidate actions, with ``f_phi`` an MLP over (state, action) features whose
   last layer starts at 0, so ``pi_phi = pi_ref`` and every step reward is 0 before training
   (as with the paper's PRM initialised from the policy). Given each row's candidates and
-  their reference log-probs, ``log pi_phi/pi_ref = f_phi(s, a) - log sum_a' pi_ref(a'|s)
-  exp f_phi(s, a')`` exactly; without candidates (free-text actions) the log-partition is
-  dropped and the reward is ``beta f_phi(s, a)``.
+  their reference log-probs (renormalised over the candidates), ``log pi_phi/pi_ref =
+  f_phi(s, a) - log sum_a' pi_ref(a'|s) exp f_phi(s, a')`` exactly; without candidates
+  (free-text actions) the log-partition is dropped and the reward is ``beta f_phi(s, a)``.
 * ``beta = 0.05`` (their ``beta_train``); the PRM is updated after the step rewards of a batch
   are computed (their ``reward_model.model.update=after``).
 
@@ -190,8 +190,12 @@ class ImplicitPRM:
         if not bool(mask.any(dim=1).all()):
             raise ValueError("every row needs at least one candidate (its own action)")
         f_cand = self._f(candidates.features)  # (N, K)
-        # log sum_a' pi_ref(a'|s) exp f(s, a'), padding excluded.
+        # log sum_a' pi_ref(a'|s) exp f(s, a') over the candidates (padding excluded), with the
+        # reference renormalised over them: the two sums are the same tensor op when f = 0, so
+        # an untrained PRM gives exactly 0, not the reference's rounding (its probabilities
+        # rarely sum to 1 in float32).
         log_z = torch.logsumexp(torch.where(mask, ref + f_cand, -torch.inf), dim=1)
+        log_z = log_z - torch.logsumexp(torch.where(mask, ref, -torch.inf), dim=1)
         return f - log_z
 
     def step_rewards(self, features: Any, candidates: Candidates | None = None) -> np.ndarray:

@@ -68,7 +68,11 @@ def test_implicit_reward_is_a_log_ratio_to_the_reference():
         mask=np.ones((2, 2), dtype=bool),
     )
     # f_phi starts at 0: pi_phi is the reference, every reward 0.
-    np.testing.assert_allclose(prm.step_rewards(feats, cand), [0.0, 0.0], atol=1e-6)
+    np.testing.assert_array_equal(prm.step_rewards(feats, cand), [0.0, 0.0])
+    # The reference is renormalised over the candidates: probabilities that do not sum to 1
+    # (float32 rounding, a truncated candidate list) still give exactly 0.
+    unnormalised = Candidates(cand.features, np.log([[0.2, 0.7], [0.25, 0.75001]]), cand.mask)
+    np.testing.assert_array_equal(prm.step_rewards(feats, unnormalised), [0.0, 0.0])
     # A constant f (bias 3) still gives pi_phi = pi_ref with candidates; without them the
     # reward is beta * f = 1.5.
     with torch.no_grad():
