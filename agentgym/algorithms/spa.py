@@ -15,9 +15,8 @@ paper's fused reward, ``r_fused`` below)::
 
     r_t = alpha * c_t + beta * g_t
 
-(Equations are named here rather than numbered.)
-
 and the policy is trained on those rewards (the paper: PPO with a learned critic and GAE).
+Equations are named here rather than numbered.
 
 Choices made here, where the paper leaves them open or this library differs:
 
@@ -27,7 +26,7 @@ Choices made here, where the paper leaves them open or this library differs:
   text (state + action) into D signed buckets, which runs on CPU in microseconds; a caller
   with an LLM can pass its hidden states instead.
 * **Grounding.** ``g_t = not invalid_t`` (the env's ``action_valid``). The authors' data
-  script (``prm/rl_data_org.py``) adds 0.5 to each executed step's progress (and to the last
+  script (``prm/rl_data_org.py``) adds 0.5 to each executed step's value (and to the last
   step), i.e. ``alpha = 1``, ``beta = 0.5``: those are the defaults.
 * **Advantage with groups.** The trainer here is critic-free, so instead of PPO's GAE on a
   learned value, the advantage of step t is the discounted return of the fused rewards,
@@ -44,8 +43,12 @@ Choices made here, where the paper leaves them open or this library differs:
   gradient steps on any batch: call it on a pre-collected set (the paper), or on every
   rollout batch after its advantages are computed (an online variant).
 
-The authors' PPO trainer (``ppo/step_ppotrainer.py``) scales the reward of step t by
-``T - t - 1`` before TRL's GAE; that factor is not in the paper and is not applied here.
+Two things in the authors' released RL pipeline are not in the paper and are not done here:
+their data script (``prm/rl_data_org.py``) overwrites every turn's predicted value with the
+trajectory's outcome less the mean outcome of the task's other rollouts before adding the
+grounding term, and their PPO trainer (``ppo/step_ppotrainer.py``) scales the reward of step t
+by ``T - t - 1`` before TRL's GAE. This module follows the paper: the estimator's per-step
+contributions, unscaled.
 
 How a trainer calls it, once per iteration::
 
