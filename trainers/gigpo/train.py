@@ -953,6 +953,9 @@ def train(config: Config) -> list[dict[str, Any]]:
         from agentgym.algorithms.learned_credit import LearnedCredit
 
         credit = LearnedCredit(config.advantage, seed=config.seed)
+        if resume_dir is not None:  # checkpoints hold the policy only, not this model
+            note = "its learned step-reward model is not in the checkpoint: it starts afresh"
+            print(f"--advantage {config.advantage}: {note}", file=sys.stderr)
     venv = make_run_envs(config, config.num_groups, config.group_size, evaluation=False)
     eval_venv = None
     if config.eval_tasks() > 0:
