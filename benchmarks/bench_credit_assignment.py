@@ -31,17 +31,18 @@ independent steps, ``sum_t Var(r_t) / Var(r at the branch step)`` from measured 
 variances. Writes ``benchmarks/results/credit_variance.json``; medians over ``--repeats``
 independent repeats.
 
-Learning curves (``curves``): GiGPO, SLATE (``--rollout stepwise``, the paper's truncated
+Learning curves (``curves``): GiGPO, SPA-RL, OPRL, SLATE (``--rollout stepwise``, the paper's truncated
 step-level sampling with the rule judge's dense reward), CW-GRPO (the rule judge) and GRPO
 train the same tiny random Qwen2 with the same script (``trainers.gigpo.train``) and the same
 seeds, as ``bench_gigpo_vs_grpo.py`` does; only the estimator (and SLATE's rollout shape)
 differs. Every iteration generates one action per env per round, so the samples are equal per
 round; the mean actions per iteration are reported (``slate_tree`` and ``rloo`` can be added
-with ``--methods``). Writes ``credit_curves.json`` and ``credit_curves.png`` (median held-out
-success, min-max band).
+with ``--methods``). SPA-RL and OPRL train their learned step-reward models beside the policy
+(:class:`agentgym.algorithms.learned_credit.LearnedCredit`). Writes ``credit_curves.json`` and
+``credit_curves.png`` (median held-out success, min-max band).
 
     python benchmarks/bench_credit_assignment.py variance          # ~15 s
-    python benchmarks/bench_credit_assignment.py curves --jobs 2   # 10-16 min on 2 cores
+    python benchmarks/bench_credit_assignment.py curves --jobs 2   # 15-24 min on 2 cores
 """
 
 from __future__ import annotations
@@ -242,18 +243,23 @@ COLORS = {
     "slate_tree": (23, 190, 207),
     "cw_grpo": (148, 103, 189),
     "rloo": (255, 127, 14),
+    "spa": (140, 86, 75),
+    "oprl": (227, 119, 194),
 }
 
 
 #: method name -> trainer options. SLATE as its paper runs it (stepwise truncated sampling,
 #: Eq. 5's std normalisation); ``slate_tree`` is the Monte Carlo tree variant; CW-GRPO and
-#: SLATE score rounds with the corridor's rule judge (a room passed).
+#: SLATE score rounds with the corridor's rule judge (a room passed). SPA-RL and OPRL train
+#: their learned step-reward models beside the policy (``LearnedCredit``, hashed text features).
 METHODS = {
     "gigpo": lambda a: {"advantage": "gigpo"},
     "grpo": lambda a: {"advantage": "grpo"},
     "rloo": lambda a: {"advantage": "rloo"},
     "cw_grpo": lambda a: {"advantage": "cw_grpo", "judge": "rule"},
     "slate": lambda a: {"advantage": "slate", "rollout": "stepwise", "norm": "mean_std_norm"},
+    "spa": lambda a: {"advantage": "spa"},
+    "oprl": lambda a: {"advantage": "oprl"},
     "slate_tree": lambda a: {
         "advantage": "slate",
         "rollout": "tree",
@@ -327,7 +333,8 @@ def run_curves(args: argparse.Namespace) -> dict:
         print(f"{m}: final median {s['final_median']:.3f} {s['final_per_seed']}, "
               f"AUC median {s['auc_median']:.3f}")  # fmt: skip
     return {
-        "benchmark": "GiGPO vs SLATE vs CW-GRPO (rule judge) vs GRPO at equal samples, "
+        "benchmark": "credit assignment estimators (GiGPO, SPA-RL, OPRL, SLATE, CW-GRPO, GRPO...) "
+        "at equal samples, "
         "AgentGym/Corridor-v0, tiny random Qwen2 on CPU",
         "metric": "held-out (split 'test') greedy success rate per evaluation point",
         "args": {k: v for k, v in vars(args).items() if k != "what"},
@@ -363,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
         "--methods",
         nargs="+",
         choices=sorted(METHODS),
-        default=["gigpo", "slate", "cw_grpo", "grpo"],
+        default=["gigpo", "spa", "oprl", "slate", "cw_grpo", "grpo"],
     )
     c.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     c.add_argument("--iterations", type=int, default=40)

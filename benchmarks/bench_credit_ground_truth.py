@@ -18,6 +18,14 @@ and runs every estimator of ``available_advantages()`` on the same batch:
   before it raised ``info["score"]`` (a subtask done, a new subgoal). Its executor advantage
   (``advantages``) is scored on every row; ``hiper_plan`` scores the planner advantage on
   the planner turns only;
+* the learned-credit estimators, SPA-RL and OPRL, on the same flat batch, their models trained
+  first on an independent batch of the same size and shape from the same graphs (what a model
+  trained on the previous iteration's rollouts knows when the policy has not moved): SPA's
+  progress estimator on its loss L_PE (``--learn-steps`` Adam steps), OPRL's implicit PRM by
+  trajectory DPO, with the candidates of each state and the policy's own probabilities as the
+  reference. Both read ``(state_key, action)`` through hashed text features
+  (:func:`agentgym.algorithms.spa.text_features`, the state's words, the action and one
+  bucket for the exact pair);
 * SLATE on its own rollout shape with the same episode budget: per group one episode picks a
   branch step uniformly, and k continuations play on from that state (the first is that
   episode's own suffix); only the k branch-step rows carry SLATE's estimate and are scored.
@@ -70,6 +78,8 @@ from agentgym.algorithms.ground_truth import (
     uniform_policy,
 )
 from agentgym.algorithms.judges import ProgressJudge
+from agentgym.algorithms.oprl import Candidates, ImplicitPRM
+from agentgym.algorithms.spa import ProgressEstimator, text_features
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -181,6 +191,10 @@ class Rows:
     branch_ids: list[int] = field(default_factory=list)
     exact: list[float] = field(default_factory=list)
     trajs: list[_Traj] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    """the (state, action) text of each row, for the learned estimators' features"""
+    candidates: list[tuple[list[str], list[float]]] = field(default_factory=list)
+    """each row's state's (state, action) texts and the policy's probabilities"""
 
     def add(self, group: int, episode, graph, values, branch: int | None = None) -> None:
         traj = len(self.trajs)
@@ -196,9 +210,21 @@ class Rows:
             self.state_keys.append(n.state.state_key)
             self.branch_ids.append(branch if (branch is not None and t == 0) else -1)
             self.exact.append(values.advantage(node, i))
+            key = n.state.state_key
+            self.texts.append(step_text(key, tr.action))
+            self.candidates.append(
+                ([step_text(key, c.action) for c in n.transitions], [c.prob for c in n.transitions])
+            )
             steps.append(_Step(info=dict(tr.info)))
         start = graph.nodes[episode[0][0]].state.info
         self.trajs.append(_Traj(steps, start_info=dict(start)))
+
+
+def step_text(state_key: Any, action: str) -> str:
+    """The text the learned estimators featurise: the state's words, the action, and one token
+    for the exact (state, action) pair (so that the hashed features can tell every pair apart)."""
+    pair = zlib.crc32(repr((state_key, action)).encode())
+    return f"{state_key} act {action} pair{pair}"
 
 
 def flat_batch(graphs, values, k: int, episodes: int, rng) -> Rows:
@@ -223,8 +249,11 @@ def slate_batch(graphs, values, k: int, episodes: int, rng) -> Rows:
     return rows
 
 
-def run_estimator(name: str, rows: Rows, args: argparse.Namespace, judge) -> tuple[Any, Any]:
-    """(result, mask of scored rows) for one estimator on a batch."""
+def run_estimator(
+    name: str, rows: Rows, args: argparse.Namespace, judge, learned: dict | None = None
+) -> tuple[Any, Any]:
+    """(result, mask of scored rows) for one estimator on a batch; ``learned[name](rows)``
+    gives the process rewards of an estimator that reads them."""
     est = advantage_estimator(name)
     extra: dict[str, Any] = {}
     if "contributions" in est.inputs:
@@ -233,6 +262,8 @@ def run_estimator(name: str, rows: Rows, args: argparse.Namespace, judge) -> tup
         extra["branch_ids"] = np.array(rows.branch_ids)
     if "segment_starts" in est.inputs:
         extra["segment_starts"] = rule_segment_starts(rows.trajs)
+    if "process_rewards" in est.inputs:
+        extra["process_rewards"] = learned[name](rows)
     options = {"gamma": args.gamma, "norm": args.norm}
     result = compute_advantage(
         name,
@@ -263,13 +294,56 @@ def rule_segment_starts(trajs: Sequence[_Traj]) -> np.ndarray:
     return np.array(starts, dtype=bool)
 
 
-FED = {"state_keys", "branch_ids", "contributions", "segment_starts"}
+FED = ("state_keys", "branch_ids", "contributions", "segment_starts")
+"""the per-row inputs the benchmark builds from the graph (segment starts by the rule planner)"""
+LEARNED = ("process_rewards",)
+"""the per-row inputs it gets from a learned model (SPA's and OPRL's, see :func:`learn`)"""
+FEATURE_DIM = 256
+
+
+def features(rows: Rows) -> np.ndarray:
+    return text_features(rows.texts, FEATURE_DIM)
+
+
+def candidates(rows: Rows) -> Candidates:
+    """Each row's candidate actions, padded, with the policy's log-probs as the reference."""
+    width = max(len(texts) for texts, _ in rows.candidates)
+    n = len(rows.candidates)
+    feats = np.zeros((n, width, FEATURE_DIM), dtype=np.float32)
+    ref = np.zeros((n, width))
+    mask = np.zeros((n, width), dtype=bool)
+    for i, (texts, probs) in enumerate(rows.candidates):
+        feats[i, : len(texts)] = text_features(texts, FEATURE_DIM)
+        ref[i, : len(probs)] = np.log(probs)
+        mask[i, : len(texts)] = True
+    return Candidates(feats, ref, mask)
+
+
+def learn(train: Rows, args: argparse.Namespace, seed: int) -> dict[str, Callable[[Rows], Any]]:
+    """SPA's progress estimator and OPRL's implicit PRM trained on ``train``: for each
+    estimator name, a function of a batch giving its ``process_rewards``."""
+    ids = {
+        "group_ids": np.array(train.group_ids),
+        "traj_ids": np.array(train.traj_ids),
+        "rewards": np.array(train.rewards),
+    }
+    x = features(train)
+    progress = ProgressEstimator(FEATURE_DIM, seed=seed)
+    progress.update(x, **ids, steps=args.learn_steps)
+    prm = ImplicitPRM(FEATURE_DIM, seed=seed)
+    prm.update(x, candidates(train), **ids, steps=args.learn_steps)
+    return {
+        "spa": lambda rows: progress.predict(features(rows)),
+        "oprl": lambda rows: prm.step_rewards(features(rows), candidates(rows)),
+    }
 
 
 def estimator_lines() -> list[str]:
     """Every registered estimator the benchmark can feed, plus GiGPO's step term alone and
     HiPER's planner term on planner turns."""
-    names = [n for n in available_advantages() if set(advantage_estimator(n).inputs) <= FED]
+    names = [
+        n for n in available_advantages() if set(advantage_estimator(n).inputs) <= {*FED, *LEARNED}
+    ]
     if "gigpo" in names:
         names.insert(names.index("gigpo") + 1, "gigpo_step")
     if "hiper" in names:
@@ -298,10 +372,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 rng = np.random.default_rng([args.seed, repeat, k])
                 flat = flat_batch(graphs, values, k, args.episodes, rng)
                 tree = slate_batch(graphs, values, k, args.episodes, rng)
+                learned = {}
+                if {"spa", "oprl"} & set(lines):
+                    train_rng = np.random.default_rng([args.seed, repeat, k, 1])
+                    train = flat_batch(graphs, values, k, args.episodes, train_rng)
+                    learned = learn(train, args, seed=args.seed + repeat)
                 for line in lines:
                     name, part = PARTS.get(line, (line, "advantages"))
                     rows = tree if "branch_ids" in advantage_estimator(name).inputs else flat
-                    result, mask = run_estimator(name, rows, args, judge)
+                    result, mask = run_estimator(name, rows, args, judge, learned)
                     est = getattr(result, part)
                     if line == "hiper_plan":  # planner turns only
                         mask = rule_segment_starts(rows.trajs)
@@ -364,6 +443,8 @@ LABELS = {
     "slea_rl": "SLEA-RL",
     "hiper": "HiPER executor (rule segments)",
     "hiper_plan": "HiPER planner (planner turns)",
+    "spa": "SPA-RL (learned progress)",
+    "oprl": "OPRL (learned implicit PRM)",
 }
 
 
@@ -457,6 +538,9 @@ def main() -> None:
     parser.add_argument("--gamma", type=float, default=0.95)
     parser.add_argument("--norm", default="mean_norm", choices=["mean_norm", "mean_std_norm"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--learn-steps", type=int, default=200, help="Adam steps of SPA's and OPRL's models"
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     if args.command == "report":

@@ -101,7 +101,13 @@ NORMS: tuple[str, ...] = ("mean_norm", "mean_std_norm")
 """the values of ``norm``"""
 EPISODE_STATS: tuple[str, ...] = ("trajectories", "steps")
 """the values of ``episode_stats_over``"""
-ROW_INPUTS: tuple[str, ...] = ("state_keys", "branch_ids", "contributions", "segment_starts")
+ROW_INPUTS: tuple[str, ...] = (
+    "state_keys",
+    "branch_ids",
+    "contributions",
+    "segment_starts",
+    "process_rewards",
+)
 """per-row inputs beyond the common rows that an estimator may declare (see
 :func:`compute_advantage`); ``state_keys`` is accepted by every estimator (step-group stats)"""
 
@@ -226,7 +232,8 @@ class AdvantageBatch:
 
     Attributes:
         n: number of rows N.
-        rewards: float64 (N,). penalty: float64 (N,), the row's invalid-action penalty.
+        rewards: float64 (N,). invalid: bool (N,). penalty: float64 (N,), the row's
+            invalid-action penalty.
         group_code: int64 (N,) in [0, G). num_groups: G.
         traj_code: int64 (N,) in [0, T). num_trajs: T.
         traj_group: int64 (T,), group code of each trajectory code (0 where unused).
@@ -253,13 +260,15 @@ class AdvantageBatch:
         branch_ids: Any = None,
         contributions: Any = None,
         segment_starts: Any = None,
+        process_rewards: Any = None,
     ) -> None:
         group_ids = _int_rows("group_ids", group_ids)
         n = self.n = group_ids.shape[0]
         traj_ids = _int_rows("traj_ids", traj_ids, n)
         step_ids = _int_rows("step_ids", step_ids, n)
         self.rewards = _rows("rewards", rewards, n, np.float64)
-        self.penalty = config.invalid_penalty * _rows("invalid", invalid, n, np.bool_)
+        self.invalid = _rows("invalid", invalid, n, np.bool_)
+        self.penalty = config.invalid_penalty * self.invalid
         # SLATE's branch groups (-1: the row is not a branch-step sample) and CW-GRPO's judge
         # contributions; both optional, validated here so every estimator sees checked rows.
         self.branch_ids: np.ndarray | None = None
@@ -276,6 +285,12 @@ class AdvantageBatch:
         self.segment_starts: np.ndarray | None = None
         if segment_starts is not None:
             self.segment_starts = _rows("segment_starts", segment_starts, n, np.bool_)
+        # A learned model's per-step rewards (SPA's progress, OPRL's implicit step reward).
+        self.process_rewards: np.ndarray | None = None
+        if process_rewards is not None:
+            self.process_rewards = _rows("process_rewards", process_rewards, n, np.float64)
+            if not np.isfinite(self.process_rewards).all():
+                raise ValueError("process_rewards must be finite")
         self.group_code, self.num_groups = _int_codes(group_ids)
         state_code = None
         if state_keys is not None:
@@ -517,7 +532,8 @@ def compute_advantage(
 
     Args:
         name: registered estimator: ``"gigpo"``, ``"grpo"``, ``"rloo"``, ``"slate"``,
-            ``"cw_grpo"`` or ``"slea_rl"`` (see :func:`available_advantages`).
+            ``"cw_grpo"``, ``"slea_rl"``, ``"spa"`` or ``"oprl"`` (see
+            :func:`available_advantages`).
         group_ids: int (N,): the group of the row; all trajectories of a group start from the
             same task and state.
         traj_ids: int (N,): the trajectory of the row (unique within its group at least).
@@ -542,6 +558,8 @@ def compute_advantage(
             * ``slate``: input ``branch_ids``, int (N,): the branch group of a row taken at a
               branch point (the k sibling continuations of one prefix share it, and act from
               the same snapshot), -1 for rows that are not branch-step samples;
+            * ``spa``, ``oprl``: input ``process_rewards``, float (N,): a learned model's
+              reward of each step (:mod:`agentgym.algorithms.spa`, :mod:`~.oprl`);
             * ``cw_grpo``: input ``contributions``, float (N,) in [0, 1]: the judge's
               contribution score of each round (see :mod:`agentgym.algorithms.judges`); option
               ``contribution_gamma``, the paper's gamma, > 0: ``math.inf`` (the default, as in
@@ -602,6 +620,7 @@ def compute_advantage(
         branch_ids=inputs.get("branch_ids"),
         contributions=inputs.get("contributions"),
         segment_starts=inputs.get("segment_starts"),
+        process_rewards=inputs.get("process_rewards"),
     )
     return estimator.fn(batch, options)
 
@@ -614,6 +633,7 @@ _INPUT_HINTS = {
     "contributions": "a judge score in [0, 1] per row (see agentgym.algorithms.judges)",
     "segment_starts": "True where a turn starts a new subgoal segment "
     "(info['subgoal_start'] from agentgym.algorithms.hiper.SubgoalActions)",
+    "process_rewards": "a learned model's reward per row (agentgym.algorithms.spa / .oprl)",
 }
 
 

@@ -144,7 +144,8 @@ class Config:
     # --- advantage ---------------------------------------------------------------------------
     advantage: str = "gigpo"
     """estimator registered in ``trainers.gigpo.advantage`` (``gigpo``, ``grpo``, ``rloo``,
-    ``slate``, ``cw_grpo``)"""
+    ``slate``, ``cw_grpo``, ``slea_rl``; ``spa`` and ``oprl`` train a learned step-reward model
+    beside the policy)"""
     gamma: float = 0.95
     """discount of step returns, R_t = r_t + gamma * R_{t+1}"""
     omega: float = 1.0
@@ -426,11 +427,13 @@ class Config:
         if self.num_groups < len(envs):
             raise ConfigError(f"{flag('num_groups')} {self.num_groups} is below the number "
                               f"of envs ({len(envs)}): every env needs a group")  # fmt: skip
-        judged = "contributions" in advantage_estimator(self.advantage).inputs
+        judged = {"contributions", "process_rewards"} & set(
+            advantage_estimator(self.advantage).inputs
+        )
         if self.rollout != "flat" or judged:
             raise ConfigError(
-                f"several envs in one run train with {flag('rollout')} flat and an "
-                f"estimator that reads no judge's contributions; got {self.rollout}, "
+                f"several envs in one run train with {flag('rollout')} flat and an estimator "
+                f"that reads no judge's contributions or learned rewards; got {self.rollout}, "
                 f"{self.advantage}"
             )
 

@@ -431,12 +431,23 @@ def _segment_starts(batch: RolloutBatch, judge: Any) -> np.ndarray:
     return np.concatenate(starts).astype(bool) if starts else np.zeros(0, dtype=bool)
 
 
+def row_texts(batch: RolloutBatch) -> list[str]:
+    """Each row's observation and action, in row order: what SPA's and OPRL's learned models
+    read (:class:`agentgym.algorithms.learned_credit.LearnedCredit`)."""
+    steps = [tr.steps for tr in batch.trajectories]
+    if batch.row_start is not None:  # tree rows: own steps only
+        steps = [s[start:] for s, start in zip(steps, batch.row_start.tolist(), strict=True)]
+    return [f"{step.observation}\n{step.action}" for s in steps for step in s]
+
+
 # How the rollout provides each per-row input an estimator may declare beyond the common rows
-# (state_keys are passed to every estimator, which reports step-group stats from them).
+# (state_keys are passed to every estimator, which reports step-group stats from them). The
+# second argument is the judge, or for process_rewards the run's LearnedCredit.
 ESTIMATOR_INPUTS: dict[str, Callable[[RolloutBatch, Any], Any]] = {
     "branch_ids": lambda batch, judge: batch.branch_ids,
     "contributions": _contributions,
     "segment_starts": _segment_starts,
+    "process_rewards": lambda batch, credit: credit.process_rewards(row_texts(batch)),
 }
 
 
@@ -949,6 +960,15 @@ def train(config: Config) -> list[dict[str, Any]]:
         if "contributions" in estimator.inputs or config.rollout == "stepwise"
         else None
     )
+    # SPA's progress estimator or OPRL's implicit PRM, trained beside the policy.
+    credit = None
+    if "process_rewards" in estimator.inputs:
+        from agentgym.algorithms.learned_credit import LearnedCredit
+
+        credit = LearnedCredit(config.advantage, seed=config.seed)
+        if resume_dir is not None:  # checkpoints hold the policy only, not this model
+            note = "its learned step-reward model is not in the checkpoint: it starts afresh"
+            print(f"--advantage {config.advantage}: {note}", file=sys.stderr)
     venv = make_run_envs(config, config.num_groups, config.group_size, evaluation=False)
     eval_venv = None
     if config.eval_tasks() > 0:
@@ -1024,7 +1044,7 @@ def train(config: Config) -> list[dict[str, Any]]:
             # ADVANTAGE -------------------------------------------------------------------
             t0 = time.perf_counter()
             advantages, adv_record = compute_advantages(
-                config, batch, estimator, advantage_options, judge
+                config, batch, estimator, advantage_options, credit or judge
             )
             time_advantage = time.perf_counter() - t0
             record.update(adv_record)
@@ -1034,6 +1054,9 @@ def train(config: Config) -> list[dict[str, Any]]:
             t0 = time.perf_counter()
             record.update(update_policy(config, learner, batch, advantages, it, console))
             policy.sync_weights(model)
+            if credit is not None:  # after the rewards of this batch were used (OPRL's "after")
+                rows = {"group_ids": batch.group_ids, "traj_ids": batch.traj_ids}
+                record.update(credit.update(row_texts(batch), **rows, rewards=batch.rewards))
 
             # LOG -------------------------------------------------------------------------
             record["time/generate"] = batch.timings["generate"]
