@@ -545,6 +545,29 @@ VALIDATION_CHECKS: tuple[str, ...] = (
 )
 
 
+#: Per-turn generation settings of a run with several envs: every env takes its own preset's,
+#: unless the run's value differs from the first env's preset (a flag, or a value given in
+#: Python): then that value is the user's, for every env. Without this, one env's cap (the
+#: corridor's single token) would leave another env no room to answer (Sokoban's
+#: ``<action>...</action>``).
+GENERATION_FIELDS = ("max_new_tokens",)
+
+
+def generation_per_env(config: Config) -> list[dict[str, Any]]:
+    """:data:`GENERATION_FIELDS` of each env of the run (``env``, then ``extra_envs``)."""
+    defaults = Config()
+
+    def preset(env_id: str) -> dict[str, Any]:
+        own = PRESETS.get(env_id, {})
+        return {f: own.get(f, getattr(defaults, f)) for f in GENERATION_FIELDS}
+
+    given = {
+        f: getattr(config, f) for f, v in preset(config.env).items() if getattr(config, f) != v
+    }
+    first = {f: getattr(config, f) for f in GENERATION_FIELDS}
+    return [first, *({**preset(env_id), **given} for env_id in config.extra_envs)]
+
+
 def scored_problem(env_id: str) -> str | None:
     """Why ``--policy scored`` cannot run on ``env_id`` (one line), or None: its family's
     ``FAMILY.lists_actions`` is False (actions are free text).
@@ -629,9 +652,12 @@ def command_line(argv: list[str] | None = None) -> tuple[Config, list[str]]:
     except (ConfigError, CheckpointError, ValueError) as err:
         fail(str(err))
     if config.extra_envs and config.policy != "scored":  # a scored response is its action
-        from trainers.gigpo.multienv import env_configs, short_name
-
-        caps = {short_name(c.env): c.max_new_tokens for c in env_configs(config)}
+        caps = {
+            env.split("/", 1)[-1]: values["max_new_tokens"]
+            for env, values in zip(
+                [config.env, *config.extra_envs], generation_per_env(config), strict=True
+            )
+        }
         if len(set(caps.values())) > 1:
             shown = ", ".join(f"{name} {cap}" for name, cap in caps.items())
             notes.append(f"responses up to {shown} tokens (each env's preset; "

@@ -36,12 +36,6 @@ ENV_FIELDS = (
     "eval_split",
 )
 
-#: Per-turn generation settings; every env, the first included, takes its own preset's, unless
-#: the run's value differs from the first env's preset (a flag, or a value given in Python):
-#: then that value applies to every env. Without this, one env's cap (the corridor's single
-#: token) would leave another env no room to answer (Sokoban's ``<action>...</action>``).
-GENERATION_FIELDS = ("max_new_tokens",)
-
 
 def short_name(env_id: str) -> str:
     """The suffix of an env's metric names: its id without the ``AgentGym/`` namespace."""
@@ -85,7 +79,7 @@ class MixedEnvs:
     each env's own held-out seed)"""
     max_new_tokens: list[int] | None = None
     """response cap of each env's turns, overriding the sampling parameters' ``max_tokens``
-    (each env's own, see :data:`GENERATION_FIELDS`); None: the parameters' for all"""
+    (each env's own: :data:`trainers.gigpo.config.GENERATION_FIELDS`); None: the parameters'"""
 
     @property
     def num_envs(self) -> int:
@@ -276,25 +270,18 @@ def subset_rows(batch: RolloutBatch, rows: np.ndarray) -> RolloutBatch:
 
 def env_configs(config: Any) -> list[Any]:
     """One config per env of the run: ``config`` itself for its ``env``, and for each of
-    ``extra_envs`` a copy whose :data:`ENV_FIELDS` and :data:`GENERATION_FIELDS` come from
-    that env's own preset (then the field defaults; ``--policy scored``'s plain text and action
-    prompt over them), except a generation field whose run value differs from the first env's
-    preset: that value is the user's, for every env."""
-    from trainers.gigpo.config import PRESETS, SCORED_PRESET
+    ``extra_envs`` a copy whose :data:`ENV_FIELDS` come from that env's own preset (then the
+    field defaults; ``--policy scored``'s plain text and action prompt over them) and whose
+    generation settings are :func:`~trainers.gigpo.config.generation_per_env`'s (its own
+    preset's, unless the user gave one for all)."""
+    from trainers.gigpo.config import PRESETS, SCORED_PRESET, generation_per_env
 
     defaults = type(config)()
-    first = PRESETS.get(config.env, {})
-    given = {
-        f: getattr(config, f)
-        for f in GENERATION_FIELDS
-        if getattr(config, f) != first.get(f, getattr(defaults, f))
-    }
     out = [config]
-    for env_id in config.extra_envs:
+    for env_id, generation in zip(config.extra_envs, generation_per_env(config)[1:], strict=True):
         preset = dict(PRESETS.get(env_id, {}))
         if config.policy == "scored":
             preset.update(SCORED_PRESET)
-        fields = {f: preset.get(f, getattr(defaults, f)) for f in (*ENV_FIELDS, *GENERATION_FIELDS)}
-        fields.update(given)
-        out.append(dataclasses.replace(config, env=env_id, extra_envs=[], **fields))
+        fields = {f: preset.get(f, getattr(defaults, f)) for f in ENV_FIELDS}
+        out.append(dataclasses.replace(config, env=env_id, extra_envs=[], **fields, **generation))
     return out
