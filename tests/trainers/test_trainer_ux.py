@@ -111,6 +111,9 @@ def test_each_env_of_a_mixed_run_takes_its_own_response_cap():
     # A cap the user gives applies to every env.
     given = Config.for_env(CORRIDOR, extra_envs=[SOKOBAN], max_new_tokens=64)
     assert [c.max_new_tokens for c in env_configs(given)] == [64, 64]
+    # A scored answer is the chosen action whatever the cap: one scoring batch for all envs.
+    scored = Config.for_env(CORRIDOR, extra_envs=[SOKOBAN], policy="scored")
+    assert [c.max_new_tokens for c in env_configs(scored)] == [1, 1]
     # The prompt style was already each env's own: Sokoban keeps its tags and its template.
     sokoban = env_configs(mixed)[1]
     assert (sokoban.fmt, sokoban.prompt_template) == (None, None)

@@ -554,7 +554,12 @@ GENERATION_FIELDS = ("max_new_tokens",)
 
 
 def generation_per_env(config: Config) -> list[dict[str, Any]]:
-    """:data:`GENERATION_FIELDS` of each env of the run (``env``, then ``extra_envs``)."""
+    """:data:`GENERATION_FIELDS` of each env of the run (``env``, then ``extra_envs``); the
+    run's own for all under ``policy scored``, whose answer is the chosen action whatever the cap
+    (so that every env's turns stay in one scoring batch)."""
+    first = {f: getattr(config, f) for f in GENERATION_FIELDS}
+    if config.policy == "scored":
+        return [first] * (1 + len(config.extra_envs))
     defaults = Config()
 
     def preset(env_id: str) -> dict[str, Any]:
@@ -564,7 +569,6 @@ def generation_per_env(config: Config) -> list[dict[str, Any]]:
     given = {
         f: getattr(config, f) for f, v in preset(config.env).items() if getattr(config, f) != v
     }
-    first = {f: getattr(config, f) for f in GENERATION_FIELDS}
     return [first, *({**preset(env_id), **given} for env_id in config.extra_envs)]
 
 
