@@ -25,7 +25,7 @@ import sys
 import types
 import typing
 import warnings
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Collection, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -118,7 +118,9 @@ class Config:
     top_p: float = 1.0
     """nucleus sampling threshold for rollouts"""
     max_new_tokens: int = 512
-    """response length cap per step"""
+    """response length cap per step. With several envs, each env takes its own preset's cap
+    (the corridor's 1 token would leave no room for another env's ``<action>`` tags); a value
+    other than the first env's preset, such as a flag, applies to every env"""
     max_prompt_tokens: int = 2048
     """prompt length cap; longer prompts keep their tail"""
     generation_batch_size: int = 128
@@ -242,9 +244,9 @@ class Config:
     eval_every: int = 10
     """evaluate every this many iterations (and before the first and after the last); 0: never"""
     eval_groups: int | None = None
-    """evaluation episodes (one greedy trajectory per task); None: sized to the run, as many as
-    one iteration's rollout plays (``num_groups x group_size``) up to 64, so that an evaluation
-    costs about one rollout"""
+    """evaluation episodes (one greedy trajectory per task); None (every env's preset leaves it
+    unset): sized to the run, as many as one iteration's rollout plays (``num_groups x
+    group_size``) up to 64, so that an evaluation costs about one rollout; a number given wins"""
     eval_temperature: float = 0.0
     """sampling temperature at evaluation; 0 is greedy"""
     seed: int = 0
@@ -441,8 +443,6 @@ class Config:
         """``policy scored`` needs envs that list their actions, the hf backend, flat rollouts."""
         if self.policy != "scored":
             return
-        from trainers.gigpo.scored import scored_problem
-
         flag = functools.partial(self._flag, cli=cli)
         for env_id in [self.env, *self.extra_envs]:
             problem = scored_problem(env_id)
@@ -548,6 +548,56 @@ VALIDATION_CHECKS: tuple[str, ...] = (
 )
 
 
+#: Per-turn generation settings of a run with several envs: every env takes its own preset's,
+#: unless the run's value differs from the first env's preset (a flag, or a value given in
+#: Python): then that value is the user's, for every env. Without this, one env's cap (the
+#: corridor's single token) would leave another env no room to answer (Sokoban's
+#: ``<action>...</action>``).
+GENERATION_FIELDS = ("max_new_tokens",)
+
+
+def generation_per_env(config: Config) -> list[dict[str, Any]]:
+    """:data:`GENERATION_FIELDS` of each env of the run (``env``, then ``extra_envs``); the
+    run's own for all under ``policy scored``, whose answer is the chosen action whatever the cap
+    (so that every env's turns stay in one scoring batch)."""
+    first = {f: getattr(config, f) for f in GENERATION_FIELDS}
+    if config.policy == "scored":
+        return [first] * (1 + len(config.extra_envs))
+    defaults = Config()
+
+    def preset(env_id: str) -> dict[str, Any]:
+        own = PRESETS.get(env_id, {})
+        return {f: own.get(f, getattr(defaults, f)) for f in GENERATION_FIELDS}
+
+    given = {
+        f: getattr(config, f) for f, v in preset(config.env).items() if getattr(config, f) != v
+    }
+    return [first, *({**preset(env_id), **given} for env_id in config.extra_envs)]
+
+
+def scored_problem(env_id: str) -> str | None:
+    """Why ``--policy scored`` cannot run on ``env_id`` (one line), or None: its family's
+    ``FAMILY.lists_actions`` is False (actions are free text).
+
+    Here, not beside the scored policy's code, so that the check never imports what the policy
+    needs (torch): a refused config is answered as fast as any other bad flag.
+    """
+    from agentgym.envs import entry
+    from agentgym.family import family_spec
+
+    try:
+        family = entry(env_id).family
+    except KeyError:  # an unknown id is reported where the env is made
+        return None
+    spec = family_spec(family)
+    if spec is not None and not spec.lists_actions:
+        return (
+            f"--policy scored chooses among the env's admissible actions, and the {family!r} "
+            f"family ({env_id}) lists none; use --policy free"
+        )
+    return None
+
+
 def check_env_id(env: str) -> None:
     """Raise ValueError naming the registered agentgym ids if ``env`` is not a registered id."""
     import gymnasium as gym
@@ -608,6 +658,17 @@ def command_line(argv: list[str] | None = None) -> tuple[Config, list[str]]:
         config.validate(cli=True)
     except (ConfigError, CheckpointError, ValueError) as err:
         fail(str(err))
+    if config.extra_envs and config.policy != "scored":  # a scored response is its action
+        caps = {
+            env.split("/", 1)[-1]: values["max_new_tokens"]
+            for env, values in zip(
+                [config.env, *config.extra_envs], generation_per_env(config), strict=True
+            )
+        }
+        if len(set(caps.values())) > 1:
+            shown = ", ".join(f"{name} {cap}" for name, cap in caps.items())
+            notes.append(f"responses up to {shown} tokens (each env's preset; "
+                         "--max-new-tokens N sets one cap for all)")  # fmt: skip
     return config, notes
 
 
@@ -917,4 +978,41 @@ def parse_args(argv: list[str] | None = None, notes: list[str] | None = None) ->
         else:
             notes.append(note)
     env = given.pop("env", DEFAULT_ENV)
-    return Config.for_env(env, **given)
+    config = Config.for_env(env, **given)
+    note = tiny_preset_note(config, given)
+    if note and notes is None:
+        print(note, file=sys.stderr)
+    elif note:
+        notes.append(note)
+    return config
+
+
+#: Preset fields that suit only the tiny model, where a preset names ``model: tiny`` (the
+#: corridor's one-token answers, compact prompt and large learning rate): a real ``--model``
+#: runs with them too unless flags say otherwise, and the command line says so in one line.
+TINY_MODEL_FIELDS = ("max_new_tokens", "prompt_template", "history_length", "lr")
+
+
+def tiny_preset_note(config: Config, given: Collection[str] = ()) -> str | None:
+    """The line naming the tiny-model settings (:data:`TINY_MODEL_FIELDS`) of ``config.env``'s
+    preset that a real ``--model`` runs with, the fields in ``given`` excepted; None when
+    there are none (the tiny model, or a preset made for any model)."""
+    preset = PRESETS.get(config.env, {})
+    if config.model == "tiny" or preset.get("model") != "tiny":
+        return None
+    kept = [
+        f
+        for f in TINY_MODEL_FIELDS
+        if f in preset
+        and f not in given
+        and getattr(config, f) == preset[f]
+        # the scored policy writes no free text: its response is the chosen action's tokens
+        and not (f == "max_new_tokens" and config.policy == "scored")
+    ]
+    if not kept:
+        return None
+    settings = ", ".join(f"{Config._flag(f, True)} {preset[f]}" for f in kept)
+    return (
+        f"--model {config.model}: the {config.env} preset, made for the tiny model, sets "
+        f"{settings}; pass those flags to change them"
+    )

@@ -11,7 +11,9 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +73,19 @@ class Console:
             if b is not None:
                 b.close()
         self.bar = self.phase = None
+
+
+@contextmanager
+def peft_deprecation_silenced() -> Iterator[None]:
+    """Hide the one warning every LoRA start printed: peft's ``PeftModel.__init__`` (0.21)
+    reads ``model.is_gradient_checkpointing`` when it wraps a model, a property transformers 5
+    deprecated (FutureWarning, "use is_activation_checkpointing"). It is peft's call, not the
+    trainer's, and the user can do nothing about it; every other warning still shows."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        yield
 
 
 class TrainingInterrupted(KeyboardInterrupt):

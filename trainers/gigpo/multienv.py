@@ -3,8 +3,8 @@
 ``--env A --env B [--env-weight 3 --env-weight 1]`` trains on both. The ``num_groups`` groups of
 an iteration are split between the envs by weight (every env gets at least one group), each env
 runs its own :class:`~agentgym.vector.GroupVectorEnv` with its own preset's env settings (step
-cap, action format, prompt template, splits), and every round the prompts of all envs' running
-episodes are generated in one batch. Rows are concatenated env by env with their group and
+cap, action format, prompt template, splits) and response cap (``max_new_tokens``), and every
+round the prompts of all envs' running episodes are generated in one batch per response cap. Rows are concatenated env by env with their group and
 trajectory ids made unique across envs; advantages are computed on each env's rows alone, so no
 statistic ever mixes envs; metrics and evaluation are reported per env as well as overall (names
 suffixed by the env's short name: ``rollout/success_rate/Sokoban-v0``).
@@ -12,14 +12,16 @@ suffixed by the env's short name: ``rollout/success_rate/Sokoban-v0``).
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from agentgym.engine import Policy, SamplingParams
-from agentgym.engine.lockstep import play_episodes
+from agentgym.engine import Policy, PolicyOutput, SamplingParams
+from agentgym.engine.lockstep import play_episodes, play_round
 from agentgym.vector import GroupVectorEnv
 from trainers.gigpo.rollout import RolloutBatch, collect, rows_from
 
@@ -75,6 +77,9 @@ class MixedEnvs:
     seeds: list[int] | None = None
     """reset seed of each env, overriding the one :func:`collect_mixed` is given (evaluation:
     each env's own held-out seed)"""
+    max_new_tokens: list[int] | None = None
+    """response cap of each env's turns, overriding the sampling parameters' ``max_tokens``
+    (each env's own: :data:`trainers.gigpo.config.GENERATION_FIELDS`); None: the parameters'"""
 
     @property
     def num_envs(self) -> int:
@@ -93,17 +98,62 @@ def collect_mixed(
     seed: int | None = None,
 ) -> RolloutBatch:
     """Play one episode in every env of every venv; one generation batch per round over all
-    (the engine's lockstep rounds over several venvs).
+    envs that share a response cap (the engine's lockstep rounds over several venvs).
 
     Returns the rows of env 0, then env 1..., with ``env_ids`` (row -> env index) set and group
     and trajectory ids offset so that they are unique across envs.
     """
     seeds = envs.seeds or [seed] * len(envs.venvs)
-    outputs, timings = play_episodes(envs.venvs, policy, params, seeds=seeds, options=envs.options)
+    caps = envs.max_new_tokens or [params.max_tokens] * len(envs.venvs)
+    per_env = [dataclasses.replace(params, max_tokens=cap) for cap in caps]
+    outputs, timings = play_per_env(envs.venvs, policy, per_env, seeds, envs.options)
     batches = [rows_from(v.trajectories(), g, {}) for v, g in zip(envs.venvs, outputs, strict=True)]
     merged = merge_batches(batches)
     merged.timings = timings
     return merged
+
+
+def play_per_env(
+    venvs: Sequence[GroupVectorEnv],
+    policy: Policy,
+    params: Sequence[SamplingParams],
+    seeds: Sequence[int | None],
+    options: Sequence[dict[str, Any] | None],
+) -> tuple[list[list[list[PolicyOutput]]], dict[str, float]]:
+    """:func:`~agentgym.engine.lockstep.play_episodes` with sampling parameters per venv
+    (``params[k]`` for venv k): each round, the venvs that share parameters are played by one
+    :func:`~agentgym.engine.lockstep.play_round` (one generation batch), in venv order.
+
+    Returns ``(outputs, timings)`` as ``play_episodes`` does: ``outputs[k][i]`` the answers env
+    i of venv k stepped with; with one set of parameters for all, it is ``play_episodes``.
+    """
+    if all(p == params[0] for p in params):
+        return play_episodes(venvs, policy, params[0], seeds=seeds, options=options)
+    timings = {"generate": 0.0, "env": 0.0}
+    t0 = time.perf_counter()
+    obs = [
+        list(v.reset(seed=s, options=o)[0]) for v, s, o in zip(venvs, seeds, options, strict=True)
+    ]
+    timings["env"] += time.perf_counter() - t0
+    outputs: list[list[list[PolicyOutput]]] = [[[] for _ in range(v.num_envs)] for v in venvs]
+    sharing: list[list[int]] = []  # venv indices by distinct parameters, in first-seen order
+    for k, p in enumerate(params):
+        same = next((ks for ks in sharing if params[ks[0]] == p), None)
+        if same is None:
+            sharing.append([k])
+        else:
+            same.append(k)
+    while any(v.active.any() for v in venvs):
+        for ks in sharing:
+            if not any(venvs[k].active.any() for k in ks):
+                continue
+            group_obs = [obs[k] for k in ks]
+            played = play_round([venvs[k] for k in ks], policy, params[ks[0]], group_obs, timings)
+            for k, k_obs, answers in zip(ks, group_obs, played, strict=True):
+                obs[k] = k_obs
+                for i, out in answers.items():
+                    outputs[k][i].append(out)
+    return outputs, timings
 
 
 def collect_any(
@@ -221,17 +271,17 @@ def subset_rows(batch: RolloutBatch, rows: np.ndarray) -> RolloutBatch:
 def env_configs(config: Any) -> list[Any]:
     """One config per env of the run: ``config`` itself for its ``env``, and for each of
     ``extra_envs`` a copy whose :data:`ENV_FIELDS` come from that env's own preset (then the
-    field defaults; ``--policy scored``'s plain text and action prompt over them)."""
-    import dataclasses
-
-    from trainers.gigpo.config import PRESETS, SCORED_PRESET
+    field defaults; ``--policy scored``'s plain text and action prompt over them) and whose
+    generation settings are :func:`~trainers.gigpo.config.generation_per_env`'s (its own
+    preset's, unless the user gave one for all)."""
+    from trainers.gigpo.config import PRESETS, SCORED_PRESET, generation_per_env
 
     defaults = type(config)()
     out = [config]
-    for env_id in config.extra_envs:
+    for env_id, generation in zip(config.extra_envs, generation_per_env(config)[1:], strict=True):
         preset = dict(PRESETS.get(env_id, {}))
         if config.policy == "scored":
             preset.update(SCORED_PRESET)
         fields = {f: preset.get(f, getattr(defaults, f)) for f in ENV_FIELDS}
-        out.append(dataclasses.replace(config, env=env_id, extra_envs=[], **fields))
+        out.append(dataclasses.replace(config, env=env_id, extra_envs=[], **fields, **generation))
     return out

@@ -19,12 +19,14 @@ Scoring is batched: each round, every env's prompt is run once (left-padded, wit
 the cache rows are repeated for each env's candidates, and all candidates of all envs are scored
 in one more forward pass over their few tokens. Envs go in chunks under a token budget.
 
-This module keeps what is the trainer's: the short prompt template and which envs can use it.
+This module keeps what is the trainer's: the short prompt template. Which envs can use it is
+:func:`trainers.gigpo.config.scored_problem` (re-exported here), checked before torch is imported.
 """
 
 from __future__ import annotations
 
 from agentgym.wrappers.llm import PromptTemplate
+from trainers.gigpo.config import scored_problem as scored_problem  # re-exported
 
 #: A short prompt for scored actions: the observation (the task first, where the env names
 #: one) and the valid actions, nothing else. Every prompt token costs update time on a CPU.
@@ -36,22 +38,3 @@ ACTIONS_TEMPLATE = PromptTemplate(
     admissible_style="json",
     default_admissible=None,
 )
-
-
-def scored_problem(env_id: str) -> str | None:
-    """Why ``--policy scored`` cannot run on ``env_id`` (one line), or None: its family's
-    ``FAMILY.lists_actions`` is False (actions are free text)."""
-    from agentgym.envs import entry
-    from agentgym.family import family_spec
-
-    try:
-        family = entry(env_id).family
-    except KeyError:  # an unknown id is reported where the env is made
-        return None
-    spec = family_spec(family)
-    if spec is not None and not spec.lists_actions:
-        return (
-            f"--policy scored chooses among the env's admissible actions, and the {family!r} "
-            f"family ({env_id}) lists none; use --policy free"
-        )
-    return None

@@ -89,6 +89,7 @@ from trainers.gigpo.console import (
     eval_line,
     interrupted,
     iteration_line,
+    peft_deprecation_silenced,
     summary_lines,
 )
 from trainers.gigpo.console import TrainingInterrupted as TrainingInterrupted  # re-exported
@@ -382,6 +383,7 @@ def make_run_envs(config: Config, num_groups: int, group_size: int, *, evaluatio
         names=[c.env for c in configs],
         venvs=[make(c, n) for c, n in zip(configs, counts, strict=True)],
         options=[_split_options(getattr(c, split)) for c in configs],
+        max_new_tokens=[c.max_new_tokens for c in configs],
         # Held-out tasks: without an eval split, seeds far from the training seeds.
         seeds=[2**31 - 1 - config.seed if c.eval_split is None else config.seed for c in configs]
         if evaluation
@@ -944,7 +946,8 @@ def train(config: Config) -> list[dict[str, Any]]:
     random.seed(config.seed)
     device, compute_dtype = resolve_device(config)
 
-    model, tokenizer = load_for_run(config, resume_dir)
+    with peft_deprecation_silenced():
+        model, tokenizer = load_for_run(config, resume_dir)
     # BUILD -------------------------------------------------------------------------------
     learner = build_learner(config, model, tokenizer, device, compute_dtype)
     model, optimizer, autocast = learner.model, learner.optimizer, learner.autocast

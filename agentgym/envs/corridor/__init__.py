@@ -36,6 +36,5 @@ FAMILY = FamilySpec(
         "kl_coef": 0.0,
         "cpu_threads": 1,
         "eval_every": 10,
-        "eval_groups": 64,
     },
 )
