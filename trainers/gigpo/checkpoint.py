@@ -543,14 +543,15 @@ TEMPLATE_FILE, TEMPLATE_DIR = "chat_template.jinja", "additional_chat_templates"
 _TEMPLATE_JSONS = ("tokenizer_config.json", "chat_template.json")
 
 
-def saved_chat_templates(folder: Path) -> dict[str, str]:
-    """The chat templates a tokenizer folder holds, by name (``"default"``: the main one).
+def saved_chat_templates(folder: Path) -> list[tuple[str, str, str]]:
+    """The chat templates a tokenizer folder holds: ``(name, text, file)`` for each, wherever
+    transformers could read one from (``"default"``: the main template).
 
     Read as text only, never parsed as Jinja or rendered. Raises :class:`CheckpointError` for a
     file holding templates that cannot be read (it cannot be compared either).
     """
     folder = Path(folder)
-    found: dict[str, str] = {}
+    found: list[tuple[str, str, str]] = []
     for name in _TEMPLATE_JSONS:
         file = folder / name
         if not file.is_file():
@@ -563,30 +564,33 @@ def saved_chat_templates(folder: Path) -> dict[str, str]:
                 "an earlier checkpoint"
             ) from None
         if isinstance(entry, list):  # [{"name": ..., "template": ...}, ...]
-            for item in entry:
-                if isinstance(item, dict):
-                    found[str(item.get("name"))] = str(item.get("template"))
+            found += [
+                (str(item.get("name")), str(item.get("template")), name)
+                if isinstance(item, dict)
+                else ("?", str(item), name)
+                for item in entry
+            ]
         elif entry is not None:
-            found["default"] = str(entry)
+            found.append(("default", str(entry), name))
     named = (
         sorted((folder / TEMPLATE_DIR).glob("*.jinja")) if (folder / TEMPLATE_DIR).is_dir() else []
     )
     for file in [*named, folder / TEMPLATE_FILE]:
         if file.is_file():
             name = "default" if file.name == TEMPLATE_FILE else file.stem
-            found[name] = file.read_text(errors="replace")
+            found.append((name, file.read_text(errors="replace"), str(file.relative_to(folder))))
     return found
 
 
 def check_chat_templates(
     checkpoint: Path, trusted: str | dict[str, str] | None, source: str
 ) -> None:
-    """Refuse ``checkpoint`` (:class:`CheckpointError`, one line) if a chat template saved in it
-    differs from ``trusted``, the template of ``source`` (the base model) that the resumed run
-    uses. Only compares text: nothing is rendered, so a hostile template costs nothing here."""
+    """Refuse ``checkpoint`` (:class:`CheckpointError`, one line) if any chat template saved in
+    it differs from ``trusted``, the template of ``source`` (the base model) that the resumed
+    run uses. Only compares text: nothing is rendered, so a hostile template costs nothing."""
     expected = trusted if isinstance(trusted, dict) else {"default": trusted}
     saved = saved_chat_templates(checkpoint)
-    differ = sorted(name for name, text in saved.items() if text != expected.get(name))
+    differ = sorted({file for name, text, file in saved if text != expected.get(name)})
     if differ:
         raise CheckpointError(
             f"--resume {checkpoint}: refused: its chat template ({', '.join(differ)}) differs "
