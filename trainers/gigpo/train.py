@@ -44,7 +44,9 @@ The run folder (``out_dir``) holds one run: a new run refuses a folder that is n
 ``--overwrite``; ``--resume`` continues in place, rewriting ``metrics.jsonl`` (and purging
 TensorBoard) back to the checkpoint's iteration. Checkpoints are atomic (``checkpoint.py``).
 Ctrl-C stops at once during a rollout or evaluation (nothing has changed yet) and after the
-update otherwise, writes a checkpoint and prints one line saying how to resume.
+update otherwise, writes a checkpoint and prints one line saying how to resume; a run stopped
+before its final evaluation runs it when resumed. Resuming trusts a run folder no more than its
+weights: the tokenizer and its chat template never come from it (see ``checkpoint.py``).
 """
 
 # ruff: noqa: E402  (the command line is checked before the heavy imports below)
