@@ -27,6 +27,7 @@ import numpy as np
 import agentgym
 from agentgym.cli_args import int_at_least, resolve_env_id
 from agentgym.envs import ENTRIES, install_hint
+from agentgym.extras import MissingExtra, missing_extra
 from agentgym.io import atomic_write_json
 
 _positive_int = int_at_least(1)
@@ -505,6 +506,39 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyError as exc:  # unknown ids from the registry
         sys.exit(f"agentgym: {exc.args[0]}")
+    except MissingExtra as exc:  # an optional package the command needs: the extra to install
+        print(f"agentgym {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:  # one imported without a guard of its own
+        extra = extra_of(exc.name, args.command)
+        if extra is None:
+            raise
+        what, module = f"agentgym {args.command}", (exc.name or "").split(".")[0]
+        print(f"{what}: error: {missing_extra(what, module, extra)}", file=sys.stderr)
+        return 2
+
+
+#: The extra of pyproject.toml that installs each optional package a command may import.
+_EXTRA_OF_MODULE = {
+    "torch": "train", "transformers": "train", "tokenizers": "train", "peft": "train",
+    "safetensors": "train", "httpx": "eval", "faiss": "retrieval",
+    "sentence_transformers": "retrieval", "bm25s": "searchqa", "pyarrow": "searchqa",
+    "numba": "searchqa", "pyserini": "pyserini", "rapidfuzz": "webshop", "spacy": "spacy",
+    "ray": "ray", "vllm": "vllm", "trl": "trl", "openenv": "openenv", "websockets": "openenv",
+    "textworld": "alfworld", "alfworld": "alfworld",
+}  # fmt: skip
+#: Servers' packages, installed by more than one extra: the one of the command that needs them.
+_SERVER_MODULES = ("fastapi", "uvicorn", "pydantic", "starlette")
+_EXTRA_OF_COMMAND = {"serve": "openenv", "retrieval": "retrieval", "eval": "eval"}
+
+
+def extra_of(module: str | None, command: str) -> str | None:
+    """The extra that installs ``module`` (a missing import of ``agentgym command``), or None
+    for a module no extra installs (a genuine bug, left to raise)."""
+    top = (module or "").split(".")[0]
+    if top in _SERVER_MODULES:
+        return _EXTRA_OF_COMMAND.get(command)
+    return _EXTRA_OF_MODULE.get(top)
 
 
 if __name__ == "__main__":

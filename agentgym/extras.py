@@ -8,7 +8,9 @@ package can use it without creating an import cycle.
 
 from __future__ import annotations
 
-__all__ = ["DISTRIBUTION", "MissingExtra", "install_hint", "missing_extra"]
+import importlib
+
+__all__ = ["DISTRIBUTION", "MissingExtra", "install_hint", "missing_extra", "require"]
 
 #: The name agentgym is published under on the package index (``agentgym`` there is an
 #: unrelated project); install hints name it.
@@ -39,3 +41,19 @@ def missing_extra(
     that needs no install (e.g. ``"use backend='hf'"``)."""
     message = f"{what} needs {package}, not installed: {install_hint(extra)}"
     return MissingExtra(f"{message}; or {alternative}" if alternative else message)
+
+
+def require(what: str, extra: str, *modules: str) -> None:
+    """Import ``modules``, the packages ``what`` needs; the first that is not installed raises
+    :class:`MissingExtra` naming ``extra``, the extra of pyproject.toml that installs it.
+
+    A module that is installed but fails to import for another reason (a missing dependency
+    of its own, a broken install) raises its own error unchanged.
+    """
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").split(".")[0] != module.split(".")[0]:
+                raise
+            raise missing_extra(what, module, extra) from exc

@@ -58,7 +58,7 @@ try:
 except ImportError as exc:  # one line naming the extra, not a traceback into openenv
     from agentgym.integrations._openenv_missing import missing_openenv
 
-    raise missing_openenv("agentgym.integrations.openenv") from exc
+    raise missing_openenv("agentgym.integrations.openenv", exc) from exc
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 

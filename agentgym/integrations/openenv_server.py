@@ -45,15 +45,13 @@ import sys
 import time
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ValidationError
-
 from agentgym.core import ResetOptionError, describe_action
 from agentgym.net import is_loopback
 
-try:
+try:  # fastapi and pydantic come with openenv (its server is built on them)
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
     from openenv.core.env_server.http_server import HTTPEnvServer
     from openenv.core.env_server.mcp_types import JsonRpcRequest, WSMCPMessage
     from openenv.core.env_server.types import (
@@ -63,10 +61,11 @@ try:
         WSStateMessage,
         WSStepMessage,
     )
+    from pydantic import BaseModel, ValidationError
 except ImportError as exc:  # one line naming the extra, not a traceback into openenv
     from agentgym.integrations._openenv_missing import missing_openenv
 
-    raise missing_openenv("agentgym serve") from exc
+    raise missing_openenv("agentgym serve", exc) from exc
 
 from agentgym.integrations.openenv import (
     AgentGymAction,

@@ -22,6 +22,13 @@ manifest must be there with its size and checksum, and a checkpoint without chec
 before they existed) must at least hold its trainer state, model weights and tokenizer, none cut
 short. Resuming a run folder falls back past a damaged checkpoint to the latest one that
 verifies, saying what it skipped.
+
+Trust: a checkpoint folder is data, trusted no more than its weights (the manifest guards against
+damage, not against someone who rewrites it). Pickles load with ``weights_only=True`` (a refusal
+is one line, :func:`unsafe_pickle_error`); the tokenizer, chat template included, is never taken
+from the folder (a template is code that runs at every prompt: a loop of 10^10 steps hangs the
+run), and a saved template that differs from the trusted one is refused before anything renders
+(:func:`check_chat_templates`).
 """
 
 from __future__ import annotations
@@ -483,13 +490,7 @@ def load_state(checkpoint: Path) -> dict[str, Any]:
             with torch.serialization.safe_globals(allowed):
                 state = torch.load(file, weights_only=True)
     except pickle.UnpicklingError as err:
-        found = str(err).split("Unsupported global: GLOBAL ")[-1].split(" ")[0].rstrip(".")
-        what = f" ({found})" if "Unsupported global" in str(err) else ""
-        raise CheckpointError(
-            f"--resume {checkpoint}: refused to load {STATE_FILE}: it holds objects other than "
-            f"tensors and plain data{what}, which could run code; resume only from checkpoints "
-            "this trainer wrote"
-        ) from None
+        raise unsafe_pickle_error(checkpoint, STATE_FILE, err) from None
     except (OSError, RuntimeError, ValueError, EOFError) as err:
         first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
         raise CheckpointError(
@@ -517,3 +518,83 @@ def read_config(checkpoint: Path) -> dict[str, Any]:
             f"--resume {checkpoint}: trainer_config.json cannot be read ({err}); resume from "
             "another checkpoint"
         ) from None
+
+
+#: How torch's ``weights_only`` unpickler names the global it refused (its own message, and the
+#: one transformers passes on from it).
+_REFUSED_GLOBAL = re.compile(r"unsupported (?:global: )?GLOBAL ([\w.]+)", re.IGNORECASE)
+
+
+def unsafe_pickle_error(checkpoint: Path, what: str, err: BaseException) -> CheckpointError:
+    """The one-line refusal of a pickle in ``checkpoint`` (``what``: the file, or a phrase such
+    as "its model weights") that ``torch.load(weights_only=True)`` would not load."""
+    found = _REFUSED_GLOBAL.search(str(err))
+    detail = f" ({found.group(1).rstrip('.')})" if found else ""
+    return CheckpointError(
+        f"--resume {checkpoint}: refused to load {what}: it holds objects other than tensors "
+        f"and plain data{detail}, which could run code; resume only from checkpoints this "
+        "trainer wrote"
+    )
+
+
+#: Where ``transformers`` reads chat templates from in a tokenizer folder (the single-file
+#: format, the named-templates folder, a processor's file, and the older config key).
+TEMPLATE_FILE, TEMPLATE_DIR = "chat_template.jinja", "additional_chat_templates"
+_TEMPLATE_JSONS = ("tokenizer_config.json", "chat_template.json")
+
+
+def saved_chat_templates(folder: Path) -> list[tuple[str, str, str]]:
+    """The chat templates a tokenizer folder holds: ``(name, text, file)`` for each, wherever
+    transformers could read one from (``"default"``: the main template).
+
+    Read as text only, never parsed as Jinja or rendered. Raises :class:`CheckpointError` for a
+    file holding templates that cannot be read (it cannot be compared either).
+    """
+    folder = Path(folder)
+    found: list[tuple[str, str, str]] = []
+    for name in _TEMPLATE_JSONS:
+        file = folder / name
+        if not file.is_file():
+            continue
+        try:
+            entry = json.loads(file.read_text()).get("chat_template")
+        except (OSError, ValueError, AttributeError) as err:
+            raise CheckpointError(
+                f"--resume {folder}: {name} cannot be read ({type(err).__name__}); resume from "
+                "an earlier checkpoint"
+            ) from None
+        if isinstance(entry, list):  # [{"name": ..., "template": ...}, ...]
+            found += [
+                (str(item.get("name")), str(item.get("template")), name)
+                if isinstance(item, dict)
+                else ("?", str(item), name)
+                for item in entry
+            ]
+        elif entry is not None:
+            found.append(("default", str(entry), name))
+    named = (
+        sorted((folder / TEMPLATE_DIR).glob("*.jinja")) if (folder / TEMPLATE_DIR).is_dir() else []
+    )
+    for file in [*named, folder / TEMPLATE_FILE]:
+        if file.is_file():
+            name = "default" if file.name == TEMPLATE_FILE else file.stem
+            found.append((name, file.read_text(errors="replace"), str(file.relative_to(folder))))
+    return found
+
+
+def check_chat_templates(
+    checkpoint: Path, trusted: str | dict[str, str] | None, source: str
+) -> None:
+    """Refuse ``checkpoint`` (:class:`CheckpointError`, one line) if any chat template saved in
+    it differs from ``trusted``, the template of ``source`` (the base model) that the resumed
+    run uses. Only compares text: nothing is rendered, so a hostile template costs nothing."""
+    expected = trusted if isinstance(trusted, dict) else {"default": trusted}
+    saved = saved_chat_templates(checkpoint)
+    differ = sorted({file for name, text, file in saved if text != expected.get(name)})
+    if differ:
+        raise CheckpointError(
+            f"--resume {checkpoint}: refused: its chat template ({', '.join(differ)}) differs "
+            f"from {source}'s, which the run was trained with; a template is code that runs at "
+            "every prompt, so a checkpoint's own is never used; resume only from checkpoints "
+            "this trainer wrote"
+        )

@@ -56,8 +56,14 @@ def build_tokenizer(texts: Iterable[str], max_vocab: int | None = None) -> PreTr
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for w in words:
         vocab.setdefault(w, len(vocab))
+    return tokenizer_from_vocab(vocab)
+
+
+def tokenizer_from_vocab(vocab: dict[str, int]) -> PreTrainedTokenizerFast:
+    """The tiny tokenizer over ``vocab`` (word -> id, the special tokens first, as
+    :func:`build_tokenizer` makes it): everything but the vocabulary comes from this module."""
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    backend.pre_tokenizer = pre
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD,
@@ -69,6 +75,33 @@ def build_tokenizer(texts: Iterable[str], max_vocab: int | None = None) -> PreTr
     tokenizer.add_special_tokens({"additional_special_tokens": [BOS, EOS]})
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
+
+
+def load_tiny_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
+    """The tiny tokenizer saved in ``path``, rebuilt from the word -> id table of its
+    ``tokenizer.json`` only.
+
+    The table is data; nothing else in the folder is used: the pre-tokenizer, the special
+    tokens and the chat template come from this module. A template is code that runs whenever a
+    prompt is rendered, and a folder a run wrote is trusted no more than its weights. Raises
+    ``ValueError`` when the file holds no vocabulary :func:`build_tokenizer` could have made.
+    """
+    file = Path(path) / "tokenizer.json"
+    try:
+        with file.open() as f:
+            model = json.load(f)["model"]
+        vocab = model["vocab"] if model.get("type") == "WordLevel" else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{file} holds no tokenizer vocabulary ({err})") from None
+    well_formed = (
+        isinstance(vocab, dict)
+        and all(isinstance(w, str) and type(i) is int for w, i in vocab.items())
+        and sorted(vocab.values()) == list(range(len(vocab)))
+        and [vocab.get(t) for t in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS)))
+    )
+    if not well_formed:
+        raise ValueError(f"{file} is not a tiny model's word-level vocabulary")
+    return tokenizer_from_vocab(vocab)
 
 
 def build_model(

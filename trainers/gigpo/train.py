@@ -44,7 +44,9 @@ The run folder (``out_dir``) holds one run: a new run refuses a folder that is n
 ``--overwrite``; ``--resume`` continues in place, rewriting ``metrics.jsonl`` (and purging
 TensorBoard) back to the checkpoint's iteration. Checkpoints are atomic (``checkpoint.py``).
 Ctrl-C stops at once during a rollout or evaluation (nothing has changed yet) and after the
-update otherwise, writes a checkpoint and prints one line saying how to resume.
+update otherwise, writes a checkpoint and prints one line saying how to resume; a run stopped
+before its final evaluation runs it when resumed. Resuming trusts a run folder no more than its
+weights: the tokenizer and its chat template never come from it (see ``checkpoint.py``).
 """
 
 # ruff: noqa: E402  (the command line is checked before the heavy imports below)
@@ -54,6 +56,7 @@ import copy
 import dataclasses
 import json
 import math
+import pickle
 import random
 import sys
 import time
@@ -67,14 +70,22 @@ from typing import Any
 if __name__ == "__main__":
     # Run as a script: check the command line before importing torch (seconds), so that a
     # mistyped flag or a missing data folder is answered at once.
-    from trainers.gigpo.config import command_line
+    from trainers.gigpo.config import command_line, fail
 
     _CHECKED = command_line()
+    try:  # the train extra's packages, imported below: named in one line, not a traceback
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ModuleNotFoundError as missing:
+        from agentgym.extras import missing_extra
+
+        fail(str(missing_extra("training", (missing.name or "torch").split(".")[0], "train")))
 
 import numpy as np
 import torch
 
 from agentgym.engine import Policy, SamplingParams, ScoredActionPolicy, TransformersPolicy
+from agentgym.extras import MissingExtra, missing_extra
 from agentgym.io import atomic_write_text
 from trainers.gigpo import checkpoint
 from trainers.gigpo.advantage import Estimator, advantage_estimator, compute_advantage
@@ -169,17 +180,24 @@ def env_texts(config: Config, episodes: int = 24) -> list[str]:
 
 
 def load_model_and_tokenizer(config: Config, resume_dir: Path | None) -> tuple[Any, Any]:
-    """The policy model (fp32 weights; bf16 compute comes from autocast) and its tokenizer."""
+    """The policy model (fp32 weights; bf16 compute comes from autocast) and its tokenizer.
+
+    Resuming, the weights come from ``resume_dir`` but the tokenizer never does: the tiny
+    model's is rebuilt from the vocabulary saved there, any other model's is loaded from the
+    base model the run's config names. A chat template saved in ``resume_dir`` that differs
+    from the one used is refused (:class:`CheckpointError`) before any prompt is rendered.
+    """
     from transformers import AutoModelForCausalLM
 
-    from trainers.gigpo.tiny import load_tokenizer
+    from trainers.gigpo.tiny import CHAT_TEMPLATE, load_tiny_tokenizer
 
     source = resume_dir if resume_dir is not None else None
     if config.model == "tiny":
         from trainers.gigpo.tiny import build_model, build_tokenizer
 
-        if source is not None:  # the tiny tokenizer and base weights were saved with the run
-            tokenizer = load_tokenizer(source)
+        if source is not None:  # the tiny vocabulary and base weights were saved with the run
+            checkpoint.check_chat_templates(source, CHAT_TEMPLATE, "the tiny model")
+            tokenizer = load_tiny_tokenizer(source)
             base = AutoModelForCausalLM.from_pretrained(
                 source / "base" if config.lora_rank else source
             )
@@ -199,7 +217,9 @@ def load_model_and_tokenizer(config: Config, resume_dir: Path | None) -> tuple[A
                 seed=config.seed,
             )
     else:
-        tokenizer = load_tokenizer(source or config.model)  # a hub name goes to AutoTokenizer
+        tokenizer = load_base_tokenizer(config.model, source)  # a hub name goes to AutoTokenizer
+        if source is not None:
+            checkpoint.check_chat_templates(source, tokenizer.chat_template, config.model)
         base = AutoModelForCausalLM.from_pretrained(
             config.model if config.lora_rank or source is None else source, dtype=torch.float32
         )
@@ -219,6 +239,25 @@ def load_model_and_tokenizer(config: Config, resume_dir: Path | None) -> tuple[A
         task_type="CAUSAL_LM",
     )
     return get_peft_model(base, lora), tokenizer
+
+
+def load_base_tokenizer(model: str, resume_dir: Path | None) -> Any:
+    """The tokenizer of the base model ``model`` (a folder or hub name); resuming from
+    ``resume_dir``, a base that cannot be loaded is a :class:`CheckpointError` saying why the
+    tokenizer is not taken from the checkpoint instead."""
+    from trainers.gigpo.tiny import load_tokenizer
+
+    try:
+        return load_tokenizer(model)
+    except (OSError, ValueError) as err:
+        if resume_dir is None:
+            raise
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        raise CheckpointError(
+            f"--resume {resume_dir}: the tokenizer is loaded from the base model {model} named in "
+            f"its config (a checkpoint's own tokenizer files are not trusted), which cannot be "
+            f"loaded ({type(err).__name__}: {first}); make {model} available to resume"
+        ) from None
 
 
 def resolve_device(config: Config) -> tuple[torch.device, torch.dtype]:
@@ -851,6 +890,10 @@ def load_for_run(config: Config, resume_dir: Path | None) -> tuple[Any, Any]:
     ):
         try:
             return load_model_and_tokenizer(config, resume_dir)
+        except pickle.UnpicklingError as err:  # weights that torch's weights_only load refuses
+            if resume_dir is None:
+                raise
+            raise checkpoint.unsafe_pickle_error(resume_dir, "its model weights", err) from None
         except (OSError, ValueError, RuntimeError) as err:
             if resume_dir is None or isinstance(err, CheckpointError):
                 raise
@@ -886,6 +929,8 @@ def print_summary(
 ) -> None:
     """The run's closing lines: what changed, and where the checkpoint, metrics and curve are."""
     lines = summary_lines(history, start, seconds)
+    if start >= config.iterations:  # resumed only for the final evaluation (said by its line)
+        lines = [f"finished the run: its final evaluation at iteration {start} in {seconds:.1f}s"]
     where = [f"metrics {out_dir / 'metrics.jsonl'}"]
     if last_saved is not None:
         where.insert(0, f"checkpoint {out_dir / f'checkpoint-{last_saved}'}")
@@ -924,7 +969,11 @@ def train(config: Config) -> list[dict[str, Any]]:
     loud = not config.quiet
     for line in skipped:
         print(line, file=sys.stderr)
+    final_eval_only = False  # a finished run whose final evaluation a Ctrl-C cut off
     if state is not None and state["iteration"] >= config.iterations:
+        done = state["iteration"]
+        final_eval_only = config.eval_tasks() > 0 and not evaluated_at(state["history"], done)
+    if state is not None and state["iteration"] >= config.iterations and not final_eval_only:
         # Nothing to train: say so (and how to go on) instead of "finished iterations 61-60".
         done = state["iteration"]
         print(
@@ -939,7 +988,12 @@ def train(config: Config) -> list[dict[str, Any]]:
     say = console.say
     if loud:
         say(run_folder_line(config, out_dir))
-        if resume_dir is not None:
+        if final_eval_only:
+            say(
+                f"resuming from {resume_dir} (iteration {state['iteration']}, the last): running "
+                "the final evaluation, which the run stopped before"
+            )
+        elif resume_dir is not None:
             say(f"resuming from {resume_dir} (iteration {state['iteration']})")
     torch.manual_seed(config.seed)
     np.random.seed(config.seed)
@@ -1078,20 +1132,25 @@ def train(config: Config) -> list[dict[str, Any]]:
 
             # CHECKPOINT ------------------------------------------------------------------
             last = it + 1 == config.iterations
-            if config.checkpoint_every and (it + 1) % config.checkpoint_every == 0:
-                if not (last and config.save_final):  # the final save, after the final eval
-                    save(it + 1)
+            if config.checkpoint_every and (it + 1) % config.checkpoint_every == 0 and not last:
+                save(it + 1)  # the last one is saved after the final evaluation, below
             consistent = (it + 1, len(history), rng_state())
             ctrl_c.must_finish = False
             if ctrl_c.requested:
                 raise KeyboardInterrupt
 
         # EVALUATE and CHECKPOINT the final policy --------------------------------------
-        done = config.iterations
+        # Its checkpoint holds the final evaluation: a run stopped before it has none there,
+        # and resuming it runs the evaluation (and this save) instead of calling it finished.
+        done = max(config.iterations, start)
+        evaluated = False
         if eval_venv is not None and not evaluated_at(history, done):
             samples = done * venv.num_envs
             emit(evaluate(config, eval_venv, policy, eval_params, console.phase, done, samples))
-        if config.save_final and last_saved != done and (done > start or not resuming_in_place):
+            evaluated = True
+        scheduled = bool(config.checkpoint_every) and done % config.checkpoint_every == 0
+        new_here = done > start or evaluated or not resuming_in_place
+        if (config.save_final or scheduled) and new_here and (last_saved != done or evaluated):
             ctrl_c.must_finish = True  # a Ctrl-C now would only cut the final save short
             save(done)
     except KeyboardInterrupt:
@@ -1108,9 +1167,18 @@ def train(config: Config) -> list[dict[str, Any]]:
     return history
 
 
+#: Packages the trainer imports only where they are needed, and the extra that installs each
+#: (pyproject.toml): a missing one is one line naming the extra.
+EXTRA_OF_MODULE = {
+    "torch": "train", "transformers": "train", "tokenizers": "train", "safetensors": "train",
+    "peft": "train", "vllm": "vllm",
+}  # fmt: skip
+
+
 def main(argv: list[str] | None = None, checked: tuple[Config, list[str]] | None = None) -> None:
-    """The command line: config errors are one line and exit code 2, a checkpoint that cannot
-    be written one line and exit code 1, Ctrl-C exit code 130.
+    """The command line: config errors, refused or unreadable checkpoints, a chat template the
+    sandbox stops and missing extras are one line and exit code 2, a checkpoint that cannot be
+    written one line and exit code 1, Ctrl-C exit code 130.
 
     ``checked``: what :func:`~trainers.gigpo.config.command_line` returned for the command line
     already (run as a script, it is checked before torch is imported).
@@ -1120,10 +1188,24 @@ def main(argv: list[str] | None = None, checked: tuple[Config, list[str]] | None
         print(note, file=sys.stderr)
     try:
         train(config)
-    except (ConfigError, CheckpointError) as err:  # found while loading (a checkpoint's files)
+    except (ConfigError, CheckpointError, MissingExtra) as err:  # found while loading
         fail(str(err))
+    except ModuleNotFoundError as err:  # a package of an extra, imported where it is needed
+        extra = EXTRA_OF_MODULE.get((err.name or "").split(".")[0])
+        if extra is None:
+            raise
+        fail(str(missing_extra("training", err.name.split(".")[0], extra)))
     except CheckpointSaveError as err:  # a full disk: the run so far is in earlier checkpoints
         fail(str(err), code=1)
+    except Exception as err:
+        # A chat template (the base model's) that tried what jinja's sandbox forbids.
+        sandbox = sys.modules.get("jinja2.exceptions")
+        if sandbox is None or not isinstance(err, sandbox.SecurityError):
+            raise
+        fail(
+            f"the chat template of {config.model} was refused by jinja's sandbox ({err}); use "
+            "a model whose template only formats messages"
+        )
     except KeyboardInterrupt as stop:  # not an error: one line saying where things stand
         message = getattr(stop, "message", "interrupted before training started: nothing saved")
         print(f"{PROG}: {message}", file=sys.stderr)

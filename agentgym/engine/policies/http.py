@@ -19,6 +19,7 @@ from agentgym.engine.policies.base import (
     PolicyUnavailable,
     SamplingParams,
 )
+from agentgym.extras import require
 
 # ---------------------------------------------------------------------------------------------
 # OpenAI-compatible HTTP
@@ -89,6 +90,7 @@ class _HTTPClient:
         max_connections: int,
         max_reply_bytes: int = MAX_REPLY_BYTES,
     ):
+        require("an OpenAI-compatible server's policy (agentgym eval --base-url)", "eval", "httpx")
         import httpx
 
         self.base_url = _root(base_url)
@@ -394,6 +396,7 @@ class OpenAICompletionsScorer:
         retries: int = 2,
         backoff: float = 0.5,
     ):
+        require("scoring actions on a server (its tokenizer, here)", "train", "transformers")
         from transformers import AutoTokenizer
 
         self.http = _HTTPClient(base_url, api_key, model, timeout, retries, backoff, 256)

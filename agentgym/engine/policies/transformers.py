@@ -23,6 +23,7 @@ from agentgym.engine.policies.base import (
     PolicyOutput,
     SamplingParams,
 )
+from agentgym.extras import require
 
 __all__ = ["TransformersPolicy", "chat_prompt_ids"]
 
@@ -116,11 +117,15 @@ class TransformersPolicy(Policy):
         autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
         generation_dtype: Any = None,
     ):
+        require("a local model (TransformersPolicy, agentgym eval --model)", "train", "torch")
         import torch
 
         if decoder not in ("generate", "static"):
             raise ValueError(f"decoder must be 'generate' or 'static', got {decoder!r}")
         if isinstance(model, str | Path):
+            require(
+                "a local model (TransformersPolicy, agentgym eval --model)", "train", "transformers"
+            )
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
             if device == "auto":
