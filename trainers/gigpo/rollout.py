@@ -91,19 +91,25 @@ def make_group_env(
     env_kwargs: dict[str, Any] | None = None,
     backend: str = "inprocess",
     num_workers: int | None = None,
+    subgoals: bool = False,
 ) -> GroupVectorEnv:
     """A :class:`GroupVectorEnv` whose envs take raw model text and return rendered prompts.
 
     ``template``: a name in ``agentgym.wrappers.llm.PROMPT_TEMPLATES``, ``"compact"``
     (:data:`COMPACT_TEMPLATE`), ``"actions"`` (the scored-action policy's short prompt,
     ``trainers.gigpo.scored.ACTIONS_TEMPLATE``), a ``PromptTemplate``, or None for the env
-    family's template.
+    family's template. ``subgoals``: replies may state HiPER subgoals, each step reports
+    ``info["subgoal_start"]`` and prompts ask for them
+    (:func:`trainers.gigpo.subgoals.make_subgoal_llm_env`).
     """
     llm_kwargs: dict[str, Any] = {"history_length": history_length}
     if template is not None:
         llm_kwargs["template"] = TRAINER_TEMPLATES.get(template, template)
     if fmt is not None:
         llm_kwargs["fmt"] = fmt
+    wrapper: Any = make_llm_env
+    if subgoals:  # imported here: subgoals.py builds on this module
+        from trainers.gigpo.subgoals import make_subgoal_llm_env as wrapper
     return GroupVectorEnv(
         env_id,
         num_groups=num_groups,
@@ -111,7 +117,7 @@ def make_group_env(
         backend=backend,
         num_workers=num_workers,
         env_kwargs=env_kwargs,
-        wrappers=[(make_llm_env, llm_kwargs)],
+        wrappers=[(wrapper, llm_kwargs)],
     )
 
 

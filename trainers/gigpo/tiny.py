@@ -12,12 +12,12 @@ log-probs, PPO update) runs on it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 PAD, UNK, BOS, EOS = "<|pad|>", "<|unk|>", "<|im_start|>", "<|im_end|>"
@@ -33,7 +33,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer(texts: Iterable[str], max_vocab: int | None = None) -> PreTrainedTokenizerFast:
+def build_tokenizer(
+    texts: Iterable[str], max_vocab: int | None = None, whole_words: Sequence[str] = ()
+) -> PreTrainedTokenizerFast:
     """A word-level tokenizer over ``texts`` (plus the chat roles and the special tokens).
 
     Words are split by ``tokenizers``' ``Whitespace`` pre-tokenizer (``\\w+`` runs and runs of
@@ -44,6 +46,9 @@ def build_tokenizer(texts: Iterable[str], max_vocab: int | None = None) -> PreTr
     Args:
         texts: env observations / prompts to take the vocabulary from.
         max_vocab: keep only the most frequent words (None: keep all).
+        whole_words: strings kept whole as one token each, wherever they occur (added tokens, not
+            special: decoding keeps them), e.g. the plan tags of ``trainers.gigpo.subgoals``,
+            which the pre-tokenizer would otherwise cut into punctuation runs.
     """
     pre = pre_tokenizers.Whitespace()
     counts: dict[str, int] = {}
@@ -68,6 +73,8 @@ def build_tokenizer(texts: Iterable[str], max_vocab: int | None = None) -> PreTr
     )
     tokenizer.add_special_tokens({"additional_special_tokens": [BOS, EOS]})
     tokenizer.chat_template = CHAT_TEMPLATE
+    if whole_words:
+        tokenizer.add_tokens([AddedToken(w, normalized=False) for w in whole_words])
     return tokenizer
 
 
