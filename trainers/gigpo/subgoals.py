@@ -8,8 +8,9 @@ tokens). In that mode
 * every env is ``PromptRenderer(SubgoalActions(ParseActions(env)))`` (:func:`make_subgoal_llm_env`):
   a reply may start with ``<switch>KEEP|SWITCH</switch>`` and ``<subgoal>...</subgoal>``, the
   family's parser reads the rest, and each step's ``info["subgoal_start"]`` is the
-  estimator's ``segment_starts`` input; prompts end with
-  :data:`~agentgym.algorithms.hiper.SUBGOAL_INSTRUCTION`;
+  estimator's ``segment_starts`` input; prompts that show the format instruction show
+  :data:`~agentgym.algorithms.hiper.SUBGOAL_INSTRUCTION` after it (the tiny-model templates
+  show neither: every prompt token costs update time, and a random model reads none);
 * the loss weights tokens, not rows (:func:`plan_execute_advantages`): on a planner turn (a
   segment's first turn) the tokens of the plan blocks get the planner advantage ``A_H`` and
   the other response tokens the executor advantage ``A_L``; on an executor turn every token
@@ -87,16 +88,13 @@ def uses_subgoals(advantage: str) -> bool:
 
 def subgoal_template(template: PromptTemplate, fmt: str) -> PromptTemplate:
     """``template`` asking for subgoals too: :data:`SUBGOAL_INSTRUCTION` after the format
-    instruction where the template shows one, else at the end of both prompts."""
-    if "{instruction}" in template.first + template.later:
-        own = dict(template.instructions)
-        own[fmt] = f"{own.get(fmt, FORMAT_INSTRUCTIONS[fmt])}\n{SUBGOAL_INSTRUCTION}"
-        return dataclasses.replace(template, instructions=tuple(own.items()))
-    return dataclasses.replace(
-        template,
-        first=f"{template.first}\n{SUBGOAL_INSTRUCTION}",
-        later=f"{template.later}\n{SUBGOAL_INSTRUCTION}",
-    )
+    instruction. A template that shows no format instruction (``compact``, ``actions``: short
+    prompts for tiny models, which cannot read one) is returned as it is."""
+    if "{instruction}" not in template.first + template.later:
+        return template
+    own = dict(template.instructions)
+    own[fmt] = f"{own.get(fmt, FORMAT_INSTRUCTIONS[fmt])}\n{SUBGOAL_INSTRUCTION}"
+    return dataclasses.replace(template, instructions=tuple(own.items()))
 
 
 def make_subgoal_llm_env(
