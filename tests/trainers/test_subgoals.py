@@ -93,8 +93,9 @@ def test_a_hiper_iteration_trains_plan_tokens_on_the_planner_advantage(tmp_path,
         plot=False,
         quiet=True,
     )
-    train_module.train(config)
+    (record,) = train_module.train(config)
     (batch,) = seen["batch"]
+    assert record["advantage/segments_per_episode"] > 1.0  # logged: the model does plan
 
     # Episodes have more than one segment: turns after the first start new ones.
     infos = [[s.info for s in t.steps] for t in batch.trajectories]

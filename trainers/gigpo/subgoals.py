@@ -62,6 +62,7 @@ __all__ = [
     "micro_batch_advantages",
     "plan_execute_advantages",
     "plan_token_mask",
+    "segments_per_episode",
     "subgoal_template",
     "uses_subgoals",
 ]
@@ -195,6 +196,16 @@ def plan_execute_advantages(
     )
     tokens = plan_execute_token_advantages(levels, present - plan, plan)
     return [tokens[i, : lengths[i]].clone() for i in range(n)]
+
+
+def segments_per_episode(batch: RolloutBatch) -> float:
+    """Mean segments per episode of a rollout (a first turn always starts one); 1.0 means the
+    model never planned after its first turn, and the two levels' credit then coincides."""
+    counts = [
+        sum(t == 0 or bool(s.info.get("subgoal_start")) for t, s in enumerate(traj.steps))
+        for traj in batch.trajectories
+    ]
+    return float(np.mean(counts)) if counts else 0.0
 
 
 def micro_batch_advantages(

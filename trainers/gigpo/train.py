@@ -32,6 +32,7 @@ Metric names (stable; "<type>" is ``info["task_type"]`` where the env reports on
 ``rollout/success_rate``, ``rollout/success_rate/<type>``, ``rollout/return``,
 ``rollout/episode_length``, ``rollout/invalid_rate``, ``rollout/response_tokens``,
 ``rollout/logprob_diff``, ``advantage/mean``, ``advantage/std``, ``advantage/<step-group stat>``,
+``advantage/segments_per_episode`` (HiPER),
 ``update/loss``, ``update/pg_loss``, ``update/kl``, ``update/clip_fraction``, ``update/entropy``,
 ``update/grad_norm``, ``update/approx_kl_old``, ``update/first_ratio_dev`` (max |ratio - 1|
 over the tokens before the iteration's first optimizer step: 0 up to float rounding),
@@ -121,6 +122,7 @@ from trainers.gigpo.subgoals import (
     PLAN_WORDS,
     micro_batch_advantages,
     plan_execute_advantages,
+    segments_per_episode,
     uses_subgoals,
 )
 
@@ -707,6 +709,7 @@ def compute_advantages(
         if isinstance(v, (int, float, np.floating, np.integer)):
             record[f"advantage/{k}"] = float(v)
     if tokenizer is not None and uses_subgoals(config.advantage):
+        record["advantage/segments_per_episode"] = segments_per_episode(batch)
         starts = _segment_starts(batch, judge)
         return plan_execute_advantages(batch, advantage_of, starts, tokenizer), record
     return advantages, record
