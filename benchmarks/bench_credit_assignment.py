@@ -34,9 +34,9 @@ independent repeats.
 Learning curves (``curves``): GiGPO, SLATE (``--rollout stepwise``, the paper's truncated
 step-level sampling with the rule judge's dense reward), CW-GRPO (the rule judge), GRPO and
 HiPER (subgoal replies, planner and executor advantages per token; its mean segments per
-episode are reported) train the same tiny random Qwen2 with the same script (``trainers.gigpo.train``) and the same
-seeds, as ``bench_gigpo_vs_grpo.py`` does; only the estimator (and SLATE's rollout shape)
-differs. Every iteration generates one action per env per round, so the samples are equal per
+episode are reported) train the same tiny random Qwen2 with the same script
+(``trainers.gigpo.train``) and the same seeds, as ``bench_gigpo_vs_grpo.py`` does; only the
+estimator differs (and SLATE's rollout shape, and HiPER's second token per turn). Every iteration generates one action per env per round, so the samples are equal per
 round; the mean actions per iteration are reported (``slate_tree`` and ``rloo`` can be added
 with ``--methods``). Writes ``credit_curves.json`` and ``credit_curves.png`` (median held-out
 success, min-max band).

@@ -5,12 +5,13 @@ An estimator that reads ``segment_starts`` (``--advantage hiper``, see
 does, and there is no separate flag (a subgoal the estimator ignores would only cost prompt
 tokens). In that mode
 
-* every env is ``PromptRenderer(SubgoalActions(ParseActions(env)))`` (:func:`make_subgoal_llm_env`):
-  a reply may start with ``<switch>KEEP|SWITCH</switch>`` and ``<subgoal>...</subgoal>``, the
-  family's parser reads the rest, and each step's ``info["subgoal_start"]`` is the
-  estimator's ``segment_starts`` input; prompts that show the format instruction show
-  :data:`~agentgym.algorithms.hiper.SUBGOAL_INSTRUCTION` after it (the tiny-model templates
-  show neither: every prompt token costs update time, and a random model reads none);
+* every env is ``PromptRenderer(SubgoalActions(ParseActions(env)))``
+  (:func:`make_subgoal_llm_env`): a reply may start with ``<switch>KEEP|SWITCH</switch>`` and
+  ``<subgoal>...</subgoal>``, the family's parser reads the rest, and each step's
+  ``info["subgoal_start"]`` is the estimator's ``segment_starts`` input; prompts that show the
+  format instruction show :data:`~agentgym.algorithms.hiper.SUBGOAL_INSTRUCTION` after it (the
+  tiny-model templates show neither: every prompt token costs update time, and a random model
+  reads none);
 * the loss weights tokens, not rows (:func:`plan_execute_advantages`): on a planner turn (a
   segment's first turn) the tokens of the plan blocks get the planner advantage ``A_H`` and
   the other response tokens the executor advantage ``A_L``; on an executor turn every token
@@ -20,9 +21,10 @@ tokens). In that mode
   :data:`PLAN_WORDS` kept whole, so a random tiny model can state a plan at all:
   ``<switch>SWITCH</switch>`` is one word, and a two-token reply ``<switch>SWITCH</switch>
   north`` starts a new segment and moves. The instruction's other words stay out of its
-  vocabulary (it cannot read them, and every word it may write dilutes its valid replies). The corridor's tiny preset
-  generates one token per turn (``max_new_tokens`` 1), room for the action only: give a HiPER
-  run ``max_new_tokens`` 2 or more there (the credit benchmark does).
+  vocabulary (it cannot read them, and every word it may write dilutes its valid replies).
+  The corridor's tiny preset generates one token per turn (``max_new_tokens`` 1), room for
+  the action only: give a HiPER run ``max_new_tokens`` 2 or more there (the credit
+  benchmark does).
 """
 
 from __future__ import annotations

@@ -726,8 +726,9 @@ def update_policy(
     """PPO-clip over ``batch`` (token-mean), ``ppo_epochs`` x mini-batches with gradient
     accumulation over micro-batches, optional k3 KL to the reference and entropy bonus.
 
-    ``advantages``: (N,) per row, or per token (a (len(response),) tensor per row). Returns the ``update/...`` metrics and
-    ``rollout/logprob_diff`` (sampler vs trainer log-probs per token).
+    ``advantages``: (N,) per row, or per token (a (len(response),) tensor per row). Returns
+    the ``update/...`` metrics and ``rollout/logprob_diff`` (sampler vs trainer log-probs per
+    token).
     """
     model, optimizer, reference = learner.model, learner.optimizer, learner.reference
     pad_id, device, autocast = learner.pad_id, learner.device, learner.autocast
