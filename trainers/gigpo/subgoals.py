@@ -51,6 +51,7 @@ from agentgym.wrappers.llm import (
     ParseActions,
     PromptRenderer,
     PromptTemplate,
+    make_llm_env,
     template_for_family,
 )
 from trainers.gigpo.advantage import advantage_estimator
@@ -60,6 +61,7 @@ from trainers.gigpo.rollout import RolloutBatch
 
 __all__ = [
     "PLAN_WORDS",
+    "llm_env_for",
     "make_subgoal_llm_env",
     "micro_batch_advantages",
     "plan_execute_advantages",
@@ -123,6 +125,13 @@ def make_subgoal_llm_env(
     fmt = tpl.default_fmt if fmt is None else fmt
     parser = SubgoalActions(ParseActions(env, fmt))
     return PromptRenderer(parser, history_length, subgoal_template(tpl, fmt), fmt=fmt)
+
+
+def llm_env_for(advantage: str) -> Callable[..., gym.Env]:
+    """The wrapper that makes the trainer's envs take model text under the estimator named
+    ``advantage``: :func:`make_subgoal_llm_env` in plan-execute mode, else
+    :func:`~agentgym.wrappers.llm.make_llm_env`."""
+    return make_subgoal_llm_env if uses_subgoals(advantage) else make_llm_env
 
 
 def plan_token_mask(tokenizer: Any, token_ids: Sequence[int]) -> np.ndarray:

@@ -120,6 +120,7 @@ from trainers.gigpo.rollout import (
 )
 from trainers.gigpo.subgoals import (
     PLAN_WORDS,
+    llm_env_for,
     micro_batch_advantages,
     plan_execute_advantages,
     segments_per_episode,
@@ -381,7 +382,7 @@ def make_run_envs(config: Config, num_groups: int, group_size: int, *, evaluatio
             env_kwargs=_env_kwargs(c),
             backend=config.env_backend,
             num_workers=config.env_workers,
-            subgoals=uses_subgoals(config.advantage),
+            llm_env=llm_env_for(config.advantage),
         )
 
     if len(configs) == 1:
