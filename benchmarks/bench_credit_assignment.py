@@ -31,11 +31,13 @@ independent steps, ``sum_t Var(r_t) / Var(r at the branch step)`` from measured 
 variances. Writes ``benchmarks/results/credit_variance.json``; medians over ``--repeats``
 independent repeats.
 
-Learning curves (``curves``): GiGPO, SPA-RL, OPRL, SLATE (``--rollout stepwise``, the paper's truncated
-step-level sampling with the rule judge's dense reward), CW-GRPO (the rule judge) and GRPO
-train the same tiny random Qwen2 with the same script (``trainers.gigpo.train``) and the same
-seeds, as ``bench_gigpo_vs_grpo.py`` does; only the estimator (and SLATE's rollout shape)
-differs. Every iteration generates one action per env per round, so the samples are equal per
+Learning curves (``curves``): GiGPO, SPA-RL, OPRL, SLATE (``--rollout stepwise``, the paper's
+truncated step-level sampling with the rule judge's dense reward), CW-GRPO (the rule judge), GRPO
+and HiPER (subgoal replies, planner and executor advantages per token; its mean segments per
+episode are reported) train the same tiny random Qwen2 with the same script
+(``trainers.gigpo.train``) and the same seeds, as ``bench_gigpo_vs_grpo.py`` does; only the
+estimator differs (and SLATE's rollout shape, and HiPER's second token per turn). Every
+iteration generates one action per env per round, so the samples are equal per
 round; the mean actions per iteration are reported (``slate_tree`` and ``rloo`` can be added
 with ``--methods``). SPA-RL and OPRL train their learned step-reward models beside the policy
 (:class:`agentgym.algorithms.learned_credit.LearnedCredit`). Writes ``credit_curves.json`` and
@@ -245,6 +247,7 @@ COLORS = {
     "rloo": (255, 127, 14),
     "spa": (140, 86, 75),
     "oprl": (227, 119, 194),
+    "hiper": (80, 160, 60),
 }
 
 
@@ -252,6 +255,9 @@ COLORS = {
 #: Eq. 5's std normalisation); ``slate_tree`` is the Monte Carlo tree variant; CW-GRPO and
 #: SLATE score rounds with the corridor's rule judge (a room passed). SPA-RL and OPRL train
 #: their learned step-reward models beside the policy (``LearnedCredit``, hashed text features).
+#: HiPER with its authors' per-level whitening; its replies may start with a plan
+#: (``<switch>SWITCH</switch>`` is one word of the tiny vocabulary), so it generates up to 2
+#: tokens per turn where the others generate 1 (a reply that plans and acts needs both; see ``trainers/gigpo/subgoals.py``).
 METHODS = {
     "gigpo": lambda a: {"advantage": "gigpo"},
     "grpo": lambda a: {"advantage": "grpo"},
@@ -260,6 +266,7 @@ METHODS = {
     "slate": lambda a: {"advantage": "slate", "rollout": "stepwise", "norm": "mean_std_norm"},
     "spa": lambda a: {"advantage": "spa"},
     "oprl": lambda a: {"advantage": "oprl"},
+    "hiper": lambda a: {"advantage": "hiper", "norm": "mean_std_norm", "max_new_tokens": 2},
     "slate_tree": lambda a: {
         "advantage": "slate",
         "rollout": "tree",
@@ -270,10 +277,22 @@ METHODS = {
 
 
 def train_run(method: str, seed: int, args: argparse.Namespace, out: str) -> dict:
-    """One learning-curve run of ``method`` (a key of :data:`METHODS`)."""
+    """One learning-curve run of ``method`` (a key of :data:`METHODS`); a HiPER run also
+    reports its rollouts' mean segments per episode, per iteration (more than 1: the model
+    does plan, so the planner and executor levels differ)."""
     from bench_gigpo_vs_grpo import run
 
-    return run(method, seed, args, Path(out), **METHODS[method](args))
+    result = run(method, seed, args, Path(out), **METHODS[method](args))
+    metrics = Path(out) / f"{method}-{seed}" / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    segments = [r[SEGMENTS] for r in records if SEGMENTS in r]
+    if segments:
+        result["segments_per_episode"] = segments
+    return result
+
+
+#: the trainer's metric of HiPER's segments per episode (``trainers/gigpo/train.py``)
+SEGMENTS = "advantage/segments_per_episode"
 
 
 def plot_curves(summary: dict, path: Path) -> None:
@@ -319,6 +338,9 @@ def run_curves(args: argparse.Namespace) -> dict:
                 np.mean([a for r in mine for a in r["actions_per_iteration"]])
             ),
         }
+        segments = [s for r in mine for s in r.get("segments_per_episode", [])]
+        if segments:
+            summary["methods"][method]["mean_segments_per_episode"] = float(np.mean(segments))
     if "grpo" in summary["methods"]:
         base = summary["methods"]["grpo"]
         for s in summary["methods"].values():
@@ -333,8 +355,8 @@ def run_curves(args: argparse.Namespace) -> dict:
         print(f"{m}: final median {s['final_median']:.3f} {s['final_per_seed']}, "
               f"AUC median {s['auc_median']:.3f}")  # fmt: skip
     return {
-        "benchmark": "credit assignment estimators (GiGPO, SPA-RL, OPRL, SLATE, CW-GRPO, GRPO...) "
-        "at equal samples, "
+        "benchmark": "credit assignment estimators (GiGPO, SPA-RL, OPRL, SLATE, CW-GRPO, GRPO, "
+        "HiPER) at equal samples, "
         "AgentGym/Corridor-v0, tiny random Qwen2 on CPU",
         "metric": "held-out (split 'test') greedy success rate per evaluation point",
         "args": {k: v for k, v in vars(args).items() if k != "what"},
@@ -370,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
         "--methods",
         nargs="+",
         choices=sorted(METHODS),
-        default=["gigpo", "spa", "oprl", "slate", "cw_grpo", "grpo"],
+        default=["gigpo", "spa", "oprl", "slate", "cw_grpo", "grpo", "hiper"],
     )
     c.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     c.add_argument("--iterations", type=int, default=40)

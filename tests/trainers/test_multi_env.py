@@ -77,6 +77,9 @@ def test_command_line_takes_repeated_env_and_weights(tmp_path):
         Config.for_env(CORRIDOR, extra_envs=[CORRIDOR]).validate()
     with pytest.raises(ConfigError, match="flat"):
         Config.for_env(CORRIDOR, extra_envs=[SOKOBAN], advantage="cw_grpo").validate()
+    # HiPER's segment starts are read per trajectory, which the per-env row split does not carry
+    with pytest.raises(ConfigError, match="subgoal segments"):
+        Config.for_env(CORRIDOR, extra_envs=[SOKOBAN], advantage="hiper").validate()
 
 
 def mixed(weights=(2, 1), group_size=3) -> MixedEnvs:

@@ -429,14 +429,16 @@ class Config:
         if self.num_groups < len(envs):
             raise ConfigError(f"{flag('num_groups')} {self.num_groups} is below the number "
                               f"of envs ({len(envs)}): every env needs a group")  # fmt: skip
-        judged = {"contributions", "process_rewards"} & set(
+        # Rows of several envs are split per env without these per-row inputs (judge
+        # contributions, learned rewards, HiPER's subgoal segments) following them.
+        judged = {"contributions", "process_rewards", "segment_starts"} & set(
             advantage_estimator(self.advantage).inputs
         )
         if self.rollout != "flat" or judged:
             raise ConfigError(
                 f"several envs in one run train with {flag('rollout')} flat and an estimator "
-                f"that reads no judge's contributions or learned rewards; got {self.rollout}, "
-                f"{self.advantage}"
+                f"that reads no judge's contributions, learned rewards or subgoal segments; got "
+                f"{self.rollout}, {self.advantage}"
             )
 
     def check_policy(self, cli: bool = False) -> None:

@@ -12,7 +12,7 @@ own is the shape of a rollout (flat, tree, stepwise: branching between rounds) a
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,13 +91,16 @@ def make_group_env(
     env_kwargs: dict[str, Any] | None = None,
     backend: str = "inprocess",
     num_workers: int | None = None,
+    llm_env: Callable[..., Any] = make_llm_env,
 ) -> GroupVectorEnv:
     """A :class:`GroupVectorEnv` whose envs take raw model text and return rendered prompts.
 
     ``template``: a name in ``agentgym.wrappers.llm.PROMPT_TEMPLATES``, ``"compact"``
     (:data:`COMPACT_TEMPLATE`), ``"actions"`` (the scored-action policy's short prompt,
     ``trainers.gigpo.scored.ACTIONS_TEMPLATE``), a ``PromptTemplate``, or None for the env
-    family's template.
+    family's template. ``llm_env``: the wrapper that makes each env take model text
+    (:func:`~agentgym.wrappers.llm.make_llm_env`, or the same with HiPER's subgoals:
+    :func:`trainers.gigpo.subgoals.make_subgoal_llm_env`).
     """
     llm_kwargs: dict[str, Any] = {"history_length": history_length}
     if template is not None:
@@ -111,7 +114,7 @@ def make_group_env(
         backend=backend,
         num_workers=num_workers,
         env_kwargs=env_kwargs,
-        wrappers=[(make_llm_env, llm_kwargs)],
+        wrappers=[(llm_env, llm_kwargs)],
     )
 
 

@@ -12,12 +12,12 @@ log-probs, PPO update) runs on it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 PAD, UNK, BOS, EOS = "<|pad|>", "<|unk|>", "<|im_start|>", "<|im_end|>"
@@ -33,7 +33,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer(texts: Iterable[str], max_vocab: int | None = None) -> PreTrainedTokenizerFast:
+def build_tokenizer(
+    texts: Iterable[str], max_vocab: int | None = None, whole_words: Sequence[str] = ()
+) -> PreTrainedTokenizerFast:
     """A word-level tokenizer over ``texts`` (plus the chat roles and the special tokens).
 
     Words are split by ``tokenizers``' ``Whitespace`` pre-tokenizer (``\\w+`` runs and runs of
@@ -44,6 +46,9 @@ def build_tokenizer(texts: Iterable[str], max_vocab: int | None = None) -> PreTr
     Args:
         texts: env observations / prompts to take the vocabulary from.
         max_vocab: keep only the most frequent words (None: keep all).
+        whole_words: strings kept whole as one token each, wherever they occur (added tokens, not
+            special: decoding keeps them), e.g. the plan tags of ``trainers.gigpo.subgoals``,
+            which the pre-tokenizer would otherwise cut into punctuation runs.
     """
     pre = pre_tokenizers.Whitespace()
     counts: dict[str, int] = {}
@@ -56,12 +61,15 @@ def build_tokenizer(texts: Iterable[str], max_vocab: int | None = None) -> PreTr
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for w in words:
         vocab.setdefault(w, len(vocab))
-    return tokenizer_from_vocab(vocab)
+    return tokenizer_from_vocab(vocab, whole_words)
 
 
-def tokenizer_from_vocab(vocab: dict[str, int]) -> PreTrainedTokenizerFast:
+def tokenizer_from_vocab(
+    vocab: dict[str, int], whole_words: Sequence[str] = ()
+) -> PreTrainedTokenizerFast:
     """The tiny tokenizer over ``vocab`` (word -> id, the special tokens first, as
-    :func:`build_tokenizer` makes it): everything but the vocabulary comes from this module."""
+    :func:`build_tokenizer` makes it) and the ``whole_words`` after it: everything but those
+    strings comes from this module."""
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(
@@ -74,6 +82,8 @@ def tokenizer_from_vocab(vocab: dict[str, int]) -> PreTrainedTokenizerFast:
     )
     tokenizer.add_special_tokens({"additional_special_tokens": [BOS, EOS]})
     tokenizer.chat_template = CHAT_TEMPLATE
+    if whole_words:
+        tokenizer.add_tokens([AddedToken(w, normalized=False) for w in whole_words])
     return tokenizer
 
 
@@ -89,7 +99,8 @@ def load_tiny_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     file = Path(path) / "tokenizer.json"
     try:
         with file.open() as f:
-            model = json.load(f)["model"]
+            model_file = json.load(f)
+        model = model_file["model"]
         vocab = model["vocab"] if model.get("type") == "WordLevel" else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{file} holds no tokenizer vocabulary ({err})") from None
@@ -101,7 +112,15 @@ def load_tiny_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     )
     if not well_formed:
         raise ValueError(f"{file} is not a tiny model's word-level vocabulary")
-    return tokenizer_from_vocab(vocab)
+    # Whole words (a HiPER run's plan tags) are the file's non-special added tokens: strings,
+    # re-added in their id order, so they get the ids the run trained with.
+    added = model_file.get("added_tokens") or []
+    whole_words = [
+        t["content"]
+        for t in sorted(added, key=lambda t: t.get("id", 0) if isinstance(t, dict) else 0)
+        if isinstance(t, dict) and not t.get("special", True) and isinstance(t.get("content"), str)
+    ]
+    return tokenizer_from_vocab(vocab, whole_words)
 
 
 def build_model(

@@ -32,6 +32,7 @@ Metric names (stable; "<type>" is ``info["task_type"]`` where the env reports on
 ``rollout/success_rate``, ``rollout/success_rate/<type>``, ``rollout/return``,
 ``rollout/episode_length``, ``rollout/invalid_rate``, ``rollout/response_tokens``,
 ``rollout/logprob_diff``, ``advantage/mean``, ``advantage/std``, ``advantage/<step-group stat>``,
+``advantage/segments_per_episode`` (HiPER),
 ``update/loss``, ``update/pg_loss``, ``update/kl``, ``update/clip_fraction``, ``update/entropy``,
 ``update/grad_norm``, ``update/approx_kl_old``, ``update/first_ratio_dev`` (max |ratio - 1|
 over the tokens before the iteration's first optimizer step: 0 up to float rounding),
@@ -129,6 +130,14 @@ from trainers.gigpo.rollout import (
     collect_tree,
     make_group_env,
 )
+from trainers.gigpo.subgoals import (
+    PLAN_WORDS,
+    llm_env_for,
+    micro_batch_advantages,
+    plan_execute_advantages,
+    segments_per_episode,
+    uses_subgoals,
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -209,7 +218,9 @@ def load_model_and_tokenizer(config: Config, resume_dir: Path | None) -> tuple[A
                     f"{base.config.vocab_size}; resume from a checkpoint saved whole"
                 )
         else:
-            tokenizer = build_tokenizer(env_texts(config))
+            # HiPER's plan tags as whole words, or the tiny model could never write them
+            plan = PLAN_WORDS if uses_subgoals(config.advantage) else ()
+            tokenizer = build_tokenizer(env_texts(config), whole_words=plan)
             base = build_model(
                 tokenizer,
                 num_layers=config.tiny_layers,
@@ -411,6 +422,7 @@ def make_run_envs(config: Config, num_groups: int, group_size: int, *, evaluatio
             env_kwargs=_env_kwargs(c),
             backend=config.env_backend,
             num_workers=config.env_workers,
+            llm_env=llm_env_for(config.advantage),
         )
 
     if len(configs) == 1:
@@ -713,9 +725,15 @@ def compute_advantages(
     estimator: Estimator,
     options: dict[str, Any],
     judge: Any,
-) -> tuple[torch.Tensor, dict[str, float]]:
+    tokenizer: Any = None,
+) -> tuple[torch.Tensor | list[torch.Tensor], dict[str, float]]:
     """(N,) per-row advantages of the estimator named by ``--advantage`` (each env's rows alone
-    in a run over several envs), and their ``advantage/...`` metrics."""
+    in a run over several envs), and their ``advantage/...`` metrics.
+
+    With ``tokenizer``, an estimator that reads ``segment_starts`` (HiPER) gives per-token
+    advantages instead, one (len(response),) tensor per row: the planner advantage on planner
+    turns' plan tokens, the executor one elsewhere (``trainers.gigpo.subgoals``); the metrics
+    stay those of the row advantages."""
 
     def advantage_of(batch: RolloutBatch) -> Any:
         return compute_advantage(
@@ -743,6 +761,10 @@ def compute_advantages(
     for k, v in (adv_stats or {}).items():
         if isinstance(v, (int, float, np.floating, np.integer)):
             record[f"advantage/{k}"] = float(v)
+    if tokenizer is not None and uses_subgoals(config.advantage):
+        record["advantage/segments_per_episode"] = segments_per_episode(batch)
+        starts = _segment_starts(batch, judge)
+        return plan_execute_advantages(batch, advantage_of, starts, tokenizer), record
     return advantages, record
 
 
@@ -750,15 +772,16 @@ def update_policy(
     config: Config,
     learner: Learner,
     batch: RolloutBatch,
-    advantages: torch.Tensor,
+    advantages: torch.Tensor | list[torch.Tensor],
     it: int,
     console: Any,
 ) -> dict[str, float]:
     """PPO-clip over ``batch`` (token-mean), ``ppo_epochs`` x mini-batches with gradient
     accumulation over micro-batches, optional k3 KL to the reference and entropy bonus.
 
-    ``advantages``: (N,) per row. Returns the ``update/...`` metrics and
-    ``rollout/logprob_diff`` (sampler vs trainer log-probs per token).
+    ``advantages``: (N,) per row, or per token (a (len(response),) tensor per row). Returns
+    the ``update/...`` metrics and ``rollout/logprob_diff`` (sampler vs trainer log-probs per
+    token).
     """
     model, optimizer, reference = learner.model, learner.optimizer, learner.reference
     pad_id, device, autocast = learner.pad_id, learner.device, learner.autocast
@@ -830,7 +853,7 @@ def update_policy(
                 if steps == 0:  # no optimizer step yet: every ratio must be 1
                     dev = ((logp.detach() - old_lp).exp() - 1).abs() * mask
                     first_ratio_dev = max(first_ratio_dev, float(dev.max()))
-                adv_tok = advantages[torch.as_tensor(idx)].to(device)[:, None].expand(-1, width)
+                adv_tok = micro_batch_advantages(advantages, idx, width, device)
                 pg = ppo_clip_loss(logp, old_lp, adv_tok, mask, config.clip_ratio, denom=num_tokens)
                 loss = pg.loss
                 share = mask.sum().item() / num_tokens  # this micro-batch's share of tokens
@@ -1101,7 +1124,7 @@ def train(config: Config) -> list[dict[str, Any]]:
             # ADVANTAGE -------------------------------------------------------------------
             t0 = time.perf_counter()
             advantages, adv_record = compute_advantages(
-                config, batch, estimator, advantage_options, credit or judge
+                config, batch, estimator, advantage_options, credit or judge, tokenizer
             )
             time_advantage = time.perf_counter() - t0
             record.update(adv_record)
