@@ -178,7 +178,7 @@ def _build_policy(args: argparse.Namespace):
     if args.model is not None:
         folder = _model_folder(args.model)
         threads = set_compute_threads(args.threads)
-        _say(f"loading {folder} on {args.device} ({threads} CPU threads)")
+        _say(f"loading {folder} on {args.device} ({threads} CPU thread{'s' * (threads > 1)})")
         local = TransformersPolicy(folder, device=args.device, seed=args.seed)
         set_compute_threads(threads)  # again: torch is imported now
         return (

@@ -1,21 +1,27 @@
 """``agentgym eval`` and ``agentgym rollout`` as a user runs them: compute threads that do not
 oversubscribe the cores, Ctrl-C during local generation exits 130 cleanly, an output folder
-holding an earlier run is refused (or replaced whole), and a run that fails to start leaves no
-folder behind."""
+holding an earlier run is refused (or replaced whole), a run that fails to start leaves no
+folder behind, and an HTTP request abandoned at its deadline is hung up before its retry."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from agentgym.cli import main
+from agentgym.engine import OpenAIChatPolicy, SamplingParams
 from agentgym.engine.cli import cpu_cores, default_threads
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,6 +51,7 @@ def test_default_threads_share_the_cores_among_the_processes():
 ROLLOUT = """
 import os, sys, torch
 from agentgym.cli import main
+from agentgym.engine import OpenAIChatPolicy, SamplingParams
 code = main(["rollout", "Corridor-v0", "--groups", "1", "--group-size", "2", *sys.argv[1:]])
 print("RESULT", code, torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"))
 """
@@ -192,3 +199,58 @@ def test_a_run_without_out_dir_writes_a_timestamped_folder_here(
     assert main([*argv, "--tasks", "1", "--quiet"]) == 1
     (folder,) = tmp_path.glob("agentgym-eval-*")
     assert _run_files(folder) == (1, 1)
+
+
+# -- abandoned requests are hung up ------------------------------------------------------------
+
+
+class _Holding(BaseHTTPRequestHandler):
+    """Reads a request and holds it, never answering, until the client hangs up; records per
+    connection when the request came and when the client closed it."""
+
+    log: list[dict[str, float]] = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        entry = {"arrived": time.monotonic()}
+        self.log.append(entry)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.connection], [], [], 0.02)
+            if ready and not self.connection.recv(1, socket.MSG_PEEK):
+                entry["closed"] = time.monotonic()
+                return
+
+
+def test_every_timed_out_attempt_is_hung_up_before_its_retry():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Holding)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Holding.log = []
+    policy = OpenAIChatPolicy(
+        f"http://127.0.0.1:{server.server_address[1]}", model="m", timeout=0.5, retries=2,
+        backoff=0.2,
+    )  # fmt: skip
+
+    async def go():
+        try:
+            return await policy.act([{"role": "user", "content": "hi"}], SamplingParams())
+        finally:
+            await policy.aclose()
+
+    try:
+        out = asyncio.run(go())
+        time.sleep(0.3)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out.error_kind == "timeout" and out.attempts == 3
+    log = _Holding.log
+    assert len(log) == 3 and all("closed" in e for e in log), log
+    for attempt, retry in zip(log, log[1:], strict=False):
+        # hung up at its deadline, before the retry was sent: the server never holds both
+        assert attempt["closed"] - attempt["arrived"] < 0.5 + 0.4
+        assert attempt["closed"] <= retry["arrived"]
