@@ -211,8 +211,16 @@ def _split_problem(env_id: str, split: str, seed: int) -> str | None:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
+    from agentgym.engine.cli import set_compute_threads
     from agentgym.rollout import run_group_rollout
 
+    # the process and Ray backends start one worker per core, at most one per env
+    workers = (
+        0
+        if args.backend == "inprocess"
+        else min(os.cpu_count() or 1, args.groups * args.group_size)
+    )
+    set_compute_threads(args.threads, workers)
     ids, skipped = _rollout_ids(args.env_ids, args.include_real)
     rows, reports, failed = [], [], []
     reported: set[str] = set()  # failures already printed as they happened
@@ -454,6 +462,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["inprocess", "process", "ray"],
         default="inprocess",
         help="where the envs run: this process, a worker pool, or Ray actors",
+    )
+    sr.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="compute threads per process (default: $OMP_NUM_THREADS, else the cores shared "
+        "by this process and the backend's workers)",
     )
     sr.add_argument(
         "--include-real",

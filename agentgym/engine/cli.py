@@ -9,8 +9,14 @@ agentgym models get smollm2-135m
 Each env id plays ``--group-size`` episodes on each task of the task set, all from the same
 initial state, with the family's LLM prompt and action format; it prints a table per env and
 writes ``results.json`` (summaries and settings, atomically) and ``trajectories.jsonl`` (every
-turn of every episode, appended as each episode finishes) to ``--out-dir``. Ctrl-C stops the run
-and writes what has finished.
+turn of every episode, appended as each episode finishes) to ``--out-dir``, created when the first
+result is written (a run that fails to start leaves nothing behind). A folder that already holds
+a run is refused unless ``--overwrite`` (which replaces both files). Ctrl-C stops the run and
+writes what has finished.
+
+``--model`` runs torch on ``--threads`` CPU threads (default: the cores this process may use, or
+``$OMP_NUM_THREADS`` when set); on a machine other work keeps busy, pass fewer: decoding with
+more threads than free cores is many times slower than with one.
 
 ``--llama-server PATH`` starts that llama.cpp ``llama-server`` on 127.0.0.1 with a GGUF model
 (``--gguf``, default the suite's SmolLM2-135M-Instruct), evaluates against it and stops it.
@@ -40,7 +46,15 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from agentgym.engine.llama_server import LlamaServer
     from agentgym.engine.runner import EpisodeRecord
 
-__all__ = ["add_parser", "cmd_eval", "cmd_models", "main"]
+__all__ = [
+    "add_parser",
+    "cmd_eval",
+    "cmd_models",
+    "cpu_cores",
+    "default_threads",
+    "main",
+    "set_compute_threads",
+]
 
 
 _positive_int = int_at_least(1)
@@ -92,6 +106,53 @@ def _task_ids(text: str) -> list[int | str]:
     return out
 
 
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def default_threads(cores: int, workers: int = 0) -> int:
+    """Compute threads per process when a command runs ``1 + workers`` busy processes on
+    ``cores`` cores: ``cores // (1 + workers)``, at least 1, so that together they never ask
+    for more threads than there are cores (an oversubscribed torch decode is many times slower:
+    its threads spin at every barrier waiting for a thread that is not running)."""
+    if cores < 1 or workers < 0:
+        raise ValueError(f"need cores >= 1 and workers >= 0, got {cores} and {workers}")
+    return max(1, cores // (1 + workers))
+
+
+def set_compute_threads(threads: int | None, workers: int = 0) -> int:
+    """Choose and apply the compute threads of this command; the number chosen.
+
+    ``threads`` (``--threads``) wins; else ``$OMP_NUM_THREADS`` when set to a positive integer;
+    else :func:`default_threads` of :func:`cpu_cores` and ``workers`` (the processes the
+    command starts besides this one). Sets ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` for the
+    processes started from here on, and torch's intra- and inter-op threads when torch has
+    been imported (torch reads the variables when it is imported later).
+    """
+    if threads is None:
+        from_env = os.environ.get("OMP_NUM_THREADS", "")
+        threads = (
+            int(from_env)
+            if from_env.isdigit() and int(from_env) > 0
+            else default_threads(cpu_cores(), workers)
+        )
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
+        try:
+            torch.set_num_interop_threads(threads)
+        except RuntimeError:  # settable once, before any inter-op work: keep what is in force
+            pass
+    return threads
+
+
 def _say(message: str) -> None:
     print(f"agentgym eval: {message}", file=sys.stderr, flush=True)
 
@@ -116,8 +177,10 @@ def _build_policy(args: argparse.Namespace):
 
     if args.model is not None:
         folder = _model_folder(args.model)
-        _say(f"loading {folder} on {args.device}")
+        threads = set_compute_threads(args.threads)
+        _say(f"loading {folder} on {args.device} ({threads} CPU thread{'s' * (threads > 1)})")
         local = TransformersPolicy(folder, device=args.device, seed=args.seed)
+        set_compute_threads(threads)  # again: torch is imported now
         return (
             ScoredActionPolicy(local, reduce=args.reduce, seed=args.seed)
             if args.policy == "scored"
@@ -197,6 +260,66 @@ class _Progress(Policy):
         return self.inner.describe()
 
 
+class _CannotWrite(Exception):
+    """The output folder could not be created or written."""
+
+
+class _RunFolder:
+    """``--out-dir``: created, and an earlier run's files replaced, only when this run writes its
+    first result, so a run that fails to start leaves no folder and no half-replaced run."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.results = path / "results.json"
+        self.trajectories = path / "trajectories.jsonl"
+        self._file: IO[str] | None = None
+
+    def earlier_run(self) -> list[str]:
+        """The files of an earlier run in the folder."""
+        return [f.name for f in (self.results, self.trajectories) if f.exists()]
+
+    def writable(self) -> str | None:
+        """Why the folder cannot be written (checked on the nearest existing parent), or None."""
+        probe = self.path
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if not probe.is_dir():
+            return f"{probe} is not a folder"
+        if not os.access(probe, os.W_OK | os.X_OK):
+            return f"{probe} is not writable"
+        return None
+
+    def _open(self) -> IO[str]:
+        if self._file is None:
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+                # --overwrite: the earlier summary goes with the earlier trajectories
+                self.results.unlink(missing_ok=True)
+                self._file = self.trajectories.open("w")
+            except OSError as exc:
+                raise _CannotWrite(f"cannot write to {self.path} ({exc.strerror or exc})") from exc
+        return self._file
+
+    def add_episode(self, record: dict[str, Any]) -> None:
+        """Append one finished episode to ``trajectories.jsonl``."""
+        file = self._open()
+        file.write(json.dumps(record, default=str) + "\n")
+        file.flush()
+
+    def write_results(self, results: dict[str, Any]) -> None:
+        """Write ``results.json`` atomically (and an empty ``trajectories.jsonl`` beside it when
+        no episode finished)."""
+        self._open()
+        try:
+            atomic_write_json(self.results, results, indent=2, default=str)
+        except OSError as exc:
+            raise _CannotWrite(f"cannot write {self.results} ({exc.strerror or exc})") from exc
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
 def _problem(runnable: list[str], finished: list[EpisodeRecord]) -> tuple[int, str] | None:
     """(exit status, why) when the run produced nothing to evaluate, else None."""
     from collections import Counter
@@ -255,15 +378,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except KeyError as exc:
         _say(f"error: {exc.args[0]}")
         return 2
-    out_dir = Path(args.out_dir or time.strftime("agentgym-eval-%Y%m%d-%H%M%S", time.gmtime()))
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        trajectories = (out_dir / "trajectories.jsonl").open("a")
-    except OSError as exc:
-        _say(f"error: cannot write to {out_dir} ({exc.strerror or exc}); pass a writable --out-dir")
+    out = _RunFolder(
+        Path(args.out_dir or time.strftime("agentgym-eval-%Y%m%d-%H%M%S", time.gmtime()))
+    )
+    problem = out.writable()
+    if problem is not None:
+        _say(f"error: cannot write to {out.path} ({problem}); pass a writable --out-dir")
+        return 2
+    earlier = out.earlier_run()
+    if earlier and not args.overwrite:
+        _say(
+            f"error: {out.path} holds an earlier run ({', '.join(earlier)}); pass --overwrite "
+            "to replace it, or another --out-dir"
+        )
         return 2
     if args.llama_server is not None and args.policy == "scored":
-        trajectories.close()
         _say(
             "error: --policy scored needs prompt log-probs (/v1/completions with echo), which "
             "llama-server does not return; use --model smollm2-135m for scored actions"
@@ -277,12 +406,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except (ModelNotAvailable, LlamaServerError, ValueError, OSError, ImportError) as exc:
         if server is not None:
             server.stop()
-        trajectories.close()
         _say(f"error: {exc}")
         return 2
     try:
-        return _evaluate(args, env_ids, out_dir, trajectories, policy, server)
+        return _evaluate(args, env_ids, out, policy, server)
+    except _CannotWrite as exc:
+        _say(f"error: {exc}; pass a writable --out-dir")
+        return 2
     finally:
+        out.close()
         if server is not None:
             server.stop()
 
@@ -290,8 +422,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _evaluate(
     args: argparse.Namespace,
     env_ids: list[str],
-    out_dir: Path,
-    trajectories: IO[str],
+    out: _RunFolder,
     policy: Policy,
     server: LlamaServer | None,
 ) -> int:
@@ -323,8 +454,7 @@ def _evaluate(
 
     def on_episode(record: EpisodeRecord) -> None:
         finished.append(record)
-        trajectories.write(json.dumps(record.to_json(), default=str) + "\n")
-        trajectories.flush()
+        out.add_episode(record.to_json())
         if bar is not None:
             bar.update(1)
 
@@ -356,7 +486,6 @@ def _evaluate(
     finally:
         if bar is not None:
             bar.close()
-        trajectories.close()
         engine.close()
 
     results: dict[str, Any] = {
@@ -366,6 +495,11 @@ def _evaluate(
             "policy_info": policy.describe(),
             **({"server": server.describe()} if server is not None else {}),
             "sampling": vars(params) if hasattr(params, "__dict__") else str(params),
+            **(
+                {"torch_threads": sys.modules["torch"].get_num_threads()}
+                if "torch" in sys.modules
+                else {}
+            ),
         },
         "complete": not interrupted and fatal is None and len(finished) == len(specs) > 0,
         "episodes_planned": len(specs),
@@ -389,8 +523,10 @@ def _evaluate(
     elif problem is not None:
         results["error"] = problem[1]
     results["ok"] = not interrupted and fatal is None and problem is None
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out_dir / "results.json", results, indent=2, default=str)
+    out_dir = out.path
+    written = bool(runnable) or args.out_dir is not None  # no folder for a run that never started
+    if written:
+        out.write_results(results)
     if interrupted:
         _say(
             f"interrupted: wrote the {len(finished)} of {len(specs)} episodes that finished to "
@@ -401,9 +537,9 @@ def _evaluate(
         _say(f"error: {fatal}")
         return 2
     if problem is not None:
-        _say(f"error: {problem[1]} (details in {out_dir / 'results.json'})")
+        _say(f"error: {problem[1]}" + (f" (details in {out.results})" if written else ""))
         return problem[0]
-    _say(f"wrote {out_dir / 'results.json'} and {out_dir / 'trajectories.jsonl'}")
+    _say(f"wrote {out.results} and {out.trajectories}")
     return 0
 
 
@@ -524,11 +660,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=_seconds, default=120.0, help="seconds per request (120)")
     p.add_argument("--retries", type=_non_negative_int, default=2, help="retries per request (2)")
     p.add_argument("--device", default="auto", help="with --model: auto, cpu, cuda:0 ...")
+    p.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="with --model: torch's CPU threads (default: $OMP_NUM_THREADS, else the cores "
+        "this process may use; fewer on a busy machine: more threads than free cores is far "
+        "slower than one)",
+    )
     p.add_argument("--policy-version", default="0", help="recorded on every turn")
     p.add_argument(
         "--lockstep", action="store_true", help="generate for all episodes, then step all"
     )
-    p.add_argument("--out-dir", default=None, help="where results.json and trajectories.jsonl go")
+    p.add_argument(
+        "--out-dir",
+        default=None,
+        help="where results.json and trajectories.jsonl go (default: agentgym-eval-<UTC time> "
+        "here, created when the first result is written)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run an existing --out-dir holds (both files); without it such a "
+        "folder is refused",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
 

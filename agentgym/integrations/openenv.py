@@ -50,6 +50,64 @@ import gymnasium as gym
 
 from agentgym.core import INFO_KEYS, ResetOptionError, describe_action
 
+#: OpenEnv's gradio web UI: imported by ``openenv.core``'s ``__init__`` whatever is asked of it
+_WEB_UI = "openenv.core.env_server.web_interface"
+_WEB_UI_NAMES = ("create_web_interface_app", "WebInterfaceManager")
+
+
+def _import_openenv_core_without_gradio() -> None:
+    """Import ``openenv.core`` without its web UI, which imports gradio (most of the 17-23 s
+    the import takes, and nothing a client or our server uses).
+
+    ``openenv.core.env_server`` imports the UI in a ``try`` that expects ModuleNotFoundError
+    when gradio is absent; the UI is held out of ``sys.modules`` for that one import, so the
+    package loads as it does without gradio. Then the sentinel is removed, and the two names the
+    package re-exports from the UI are served on first access by importing it then (OpenEnv's
+    own ``create_app`` imports the UI module itself when asked for it). Nothing is done when
+    ``openenv.core`` is already imported.
+    """
+    import sys
+
+    if "openenv.core" in sys.modules or _WEB_UI in sys.modules:
+        return
+    sys.modules[_WEB_UI] = None  # type: ignore[assignment] - "import halted": ModuleNotFoundError
+    try:
+        import openenv.core  # noqa: F401
+    except ImportError:
+        return  # the import below says what is missing
+    finally:
+        if sys.modules.get(_WEB_UI, 0) is None:
+            del sys.modules[_WEB_UI]
+    for name in ("openenv.core.env_server", "openenv.core"):
+        _serve_web_ui_lazily(sys.modules[name])
+
+
+def _serve_web_ui_lazily(module: Any) -> None:
+    """Replace ``module``'s None stand-ins for the web UI's names by an import on first access
+    (PEP 562: a module's ``__getattr__`` is called for names it does not hold)."""
+    import importlib
+
+    names = [n for n in _WEB_UI_NAMES if n in vars(module) and getattr(module, n) is None]
+    if not names:
+        return
+    for name in names:
+        delattr(module, name)
+    fallback = vars(module).get("__getattr__")
+
+    def __getattr__(name: str) -> Any:  # noqa: N807 - the module hook's name
+        if name in names:
+            value = getattr(importlib.import_module(_WEB_UI), name)
+            setattr(module, name, value)
+            return value
+        if fallback is not None:
+            return fallback(name)
+        raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
+
+    module.__getattr__ = __getattr__
+
+
+_import_openenv_core_without_gradio()
+
 try:
     from openenv.core.client_types import StepResult
     from openenv.core.env_client import EnvClient
@@ -60,7 +118,8 @@ except ImportError as exc:  # one line naming the extra, not a traceback into op
 
     raise missing_openenv("agentgym.integrations.openenv", exc) from exc
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+# openenv brings pydantic: imported after it, so that its absence is the one-line error above
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError  # noqa: E402
 
 __all__ = [
     "AgentGymAction",

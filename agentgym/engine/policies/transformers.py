@@ -4,11 +4,13 @@ episodes for the async engine, and the scorer of the scored-action policy."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import copy
 import queue
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -25,7 +27,12 @@ from agentgym.engine.policies.base import (
 )
 from agentgym.extras import require
 
-__all__ = ["TransformersPolicy", "chat_prompt_ids"]
+__all__ = ["GenerationCancelled", "TransformersPolicy", "chat_prompt_ids"]
+
+
+class GenerationCancelled(RuntimeError):
+    """Raised inside a forward pass of a policy being closed: the batch in progress stops at
+    its next forward pass instead of decoding to ``max_tokens``."""
 
 
 def chat_prompt_ids(
@@ -164,6 +171,8 @@ class TransformersPolicy(Policy):
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._worker: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._exit_hook = False
 
     def _static_decoder(self, compile: bool | None, generation_dtype: Any) -> Any:
         from agentgym.engine.decoding import StaticDecoder
@@ -334,8 +343,34 @@ class TransformersPolicy(Policy):
         self.close()
 
     def close(self) -> None:
-        """Stop the worker thread (also done by :meth:`aclose`)."""
+        """Stop the worker thread and wait for it (also done by :meth:`aclose`, and at exit).
+
+        A batch in progress stops at its next forward pass (its requests fail with
+        :class:`GenerationCancelled`) and queued requests fail with "policy closed". The thread
+        is joined here: a thread still inside torch when the interpreter exits aborts the
+        process ("terminate called without an active exception") instead of exiting cleanly.
+        """
+        worker = self._worker
+        if worker is None or not worker.is_alive():
+            return
         self._queue.put(None)
+        if worker is threading.current_thread():
+            return
+        self._closing.set()
+        models = {id(m): m for m in (self.model, self.generation_model)}.values()
+        hooks = [m.register_forward_pre_hook(self._cancel_forward) for m in models]
+        try:
+            worker.join()
+        finally:
+            for hook in hooks:
+                hook.remove()
+            self._closing.clear()
+
+    def _cancel_forward(self, module: Any, args: Any) -> None:
+        # Registered only while close() waits, and it raises only in the worker thread: a
+        # trainer's forward pass on the same model in another thread is left alone.
+        if self._closing.is_set() and threading.current_thread() is self._worker:
+            raise GenerationCancelled("policy closed during generation")
 
     def describe(self) -> dict[str, Any]:
         return {"policy": "transformers", "model": self.model_path, "device": str(self.device)}
@@ -348,9 +383,14 @@ class TransformersPolicy(Policy):
         params: SamplingParams | None = None,
         actions: list[list[int]] | None = None,
     ) -> Any:
-        if self._worker is None:
+        if self._worker is None or not self._worker.is_alive():  # first use, or after close()
             self._worker = threading.Thread(target=self._serve, name="agentgym-model", daemon=True)
             self._worker.start()
+            if not self._exit_hook:
+                # An owner that never closes the policy (an exception, Ctrl-C in a script)
+                # still gets the thread stopped before the interpreter tears torch down.
+                atexit.register(_close_at_exit, weakref.ref(self))
+                self._exit_hook = True
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._queue.put(_Job(kind, ids, params, actions, loop, future))
@@ -391,16 +431,29 @@ class TransformersPolicy(Policy):
                     results = self._sample([j.prompt_ids for j in batch], head.params)
                     self.batch_sizes.append(len(batch))
                 for job, result in zip(batch, results, strict=True):
-                    job.loop.call_soon_threadsafe(_resolve, job.future, result, None)
+                    _answer(job, result, None)
             except Exception as exc:  # noqa: BLE001 - reported to every waiting request
                 for job in batch:
-                    job.loop.call_soon_threadsafe(_resolve, job.future, None, exc)
+                    _answer(job, None, exc)
             if stop:
                 for job in pending:
-                    job.loop.call_soon_threadsafe(
-                        _resolve, job.future, None, RuntimeError("policy closed")
-                    )
+                    _answer(job, None, RuntimeError("policy closed"))
                 return
+
+
+def _answer(job: _Job, result: Any, error: BaseException | None) -> None:
+    """Hand ``job``'s result to its event loop; nothing when that loop has closed (the run that
+    awaited it ended: Ctrl-C)."""
+    try:
+        job.loop.call_soon_threadsafe(_resolve, job.future, result, error)
+    except RuntimeError:  # "Event loop is closed"
+        pass
+
+
+def _close_at_exit(ref: weakref.ref[TransformersPolicy]) -> None:
+    policy = ref()
+    if policy is not None:
+        policy.close()
 
 
 def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
