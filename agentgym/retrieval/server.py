@@ -82,11 +82,8 @@ that has not (its answer still sits in the server's send buffer) is disconnected
 frees the answer's memory.
 
 Searching and JSON encoding run in one worker thread, never on the event loop, so the server
-keeps accepting connections and answering ``/health`` during a long search; only a batch whose
-recent searches say it costs under a millisecond (BM25) runs on the loop, where it is cheaper
-than the hand-over to the thread and back. Documents are encoded once and cached (the corpus is
-read-only), so a response is mostly a join of cached bytes. A response leaves in one write (its
-head and body together): one send and one wake-up of the client instead of two.
+keeps accepting connections and answering ``/health`` during a long search. Documents are
+encoded once and cached (the corpus is read-only), so a response is mostly a join of cached bytes.
 """
 
 from __future__ import annotations
@@ -372,11 +369,6 @@ class _Stats:
 # larger batches would save at most this much more per query while delaying every answer.
 _FIXED_COST_SHARE = 0.1
 _MIN_ADAPTIVE_BATCH = 8  # streaming below this saves nothing measurable and costs per-call work
-# a batch predicted to cost less CPU than this (and less wall time than _INLINE_WALL_S) is
-# searched on the event loop (see _Batcher)
-_INLINE_SEARCH_S = 0.001
-_INLINE_WALL_S = 0.005
-_INLINE_AFTER_SEARCHES = 8  # searches measured before any batch is searched on the loop
 
 
 class _SearchCost:
@@ -426,17 +418,8 @@ class _Batcher:
     requests into chunks that take turns with the others (see the module docstring).
 
     Runs as one task on the server's event loop; the searches (and the encoding of their
-    responses) run one at a time, so the retriever is never called concurrently and needs no
-    locking of its own. They run in a single worker thread, except a batch predicted to cost
-    under ``_INLINE_SEARCH_S`` (1 ms) of CPU, which runs on the event loop: for a cheap
-    retriever (BM25: 0.1-0.3 ms a query) the hand-over to the thread and back costs more than
-    the search, and on busy cores each hand-over also waits for the scheduler to run the other
-    thread. The prediction is the searching thread's CPU seconds per query character of the
-    recent searches times the batch's characters, made only after ``_INLINE_AFTER_SEARCHES``
-    searches; the wall time predicted the same way must also stay under ``_INLINE_WALL_S`` (5
-    ms: a multi-threaded encoder or a GPU spends little of the calling thread's CPU, and a
-    retriever that waits spends none). So a slow retriever (a query encoder: milliseconds a
-    call) and long queries stay off the loop, which never stalls for more than a few ms.
+    responses) run one at a time in a single worker thread, so the retriever is never called
+    concurrently and needs no locking of its own.
     """
 
     def __init__(
@@ -455,9 +438,6 @@ class _Batcher:
         self.batch_cap = max_batch_queries
         self.adaptive = adaptive and max_batch_queries > _MIN_ADAPTIVE_BATCH
         self.cost = _SearchCost()
-        # CPU and wall seconds per query character, exponentially weighted over recent searches
-        self._cpu_per_char = self._wall_per_char = 0.0
-        self._cost_samples = 0
         self.chunk_queries = chunk_queries
         self.batch_wait_s = batch_wait_s
         self.stats = stats
@@ -537,10 +517,7 @@ class _Batcher:
                 continue
             self._in_search = batch
             try:
-                if self._cheap(batch):
-                    answers = self._answer(batch)  # on the loop: cheaper than a thread hop
-                else:
-                    answers = await loop.run_in_executor(self._executor, self._answer, batch)
+                answers = await loop.run_in_executor(self._executor, self._answer, batch)
             except Exception as e:  # noqa: BLE001 - a failed batch must not stop the server
                 logger.exception("retrieval batch failed")
                 failed = (500, _error_body(f"search failed: {type(e).__name__}: {e}"))
@@ -579,30 +556,14 @@ class _Batcher:
             n += size
         return batch
 
-    def _cheap(self, batch: list[_Chunk]) -> bool:
-        """Whether ``batch`` is predicted to cost under ``_INLINE_SEARCH_S`` of CPU."""
-        if self._cost_samples < _INLINE_AFTER_SEARCHES:
-            return False
-        chars = sum(len(q) + 1 for c in batch for q in c.queries)
-        return (
-            chars * self._cpu_per_char < _INLINE_SEARCH_S
-            and chars * self._wall_per_char < _INLINE_WALL_S
-        )
-
-    # -- worker thread (or the loop, for a cheap batch) -----------------------------------
+    # -- worker thread ---------------------------------------------------------------------
     def _search(self, queries: list[str], topk: int) -> list[list[Hit]]:
-        t0, cpu0 = time.perf_counter(), time.thread_time()
+        t0 = time.perf_counter()
         try:
             hits = self.retriever.search(queries, topk)
         finally:
             seconds = time.perf_counter() - t0
             self.stats.search_seconds += seconds
-            chars = sum(len(q) + 1 for q in queries)
-            self._cost_samples += 1
-            weight = max(0.1, 1.0 / self._cost_samples)  # a plain mean over the first ten
-            cpu_per_char = (time.thread_time() - cpu0) / chars
-            self._cpu_per_char += weight * (cpu_per_char - self._cpu_per_char)
-            self._wall_per_char += weight * (seconds / chars - self._wall_per_char)
         if self.adaptive:
             self.cost.add(len(queries), seconds)
             cap = self.cost.batch_cap(self.max_batch_queries)
@@ -972,7 +933,7 @@ def _request_deadline_protocol(timeout_s: float) -> type[asyncio.Protocol]:
         _deadline: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(_OneWritePerTick(transport, self.loop))  # type: ignore[arg-type]
+            super().connection_made(transport)
             self._arm()
 
         def on_response_complete(self) -> None:
@@ -1003,47 +964,6 @@ def _request_deadline_protocol(timeout_s: float) -> type[asyncio.Protocol]:
                 self.transport.close()
 
     return RequestDeadlineProtocol
-
-
-class _OneWritePerTick:
-    """A transport whose writes made in one event-loop step leave in one ``write``.
-
-    uvicorn writes a response's head and its body separately: two sends, and two wake-ups of a
-    client waiting for the whole answer. Here they are joined and written at the end of the
-    step (``call_soon``); everything else goes to the real transport, ``close`` after the held
-    bytes, ``abort`` without them.
-    """
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._held: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        if not data:
-            return
-        if not self._held:
-            self._loop.call_soon(self._flush)
-        self._held.append(bytes(data))
-
-    def _flush(self) -> None:
-        held, self._held = self._held, []
-        if held and not self._transport.is_closing():
-            self._transport.write(b"".join(held))
-
-    def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + sum(map(len, self._held))
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def abort(self) -> None:
-        self._held = []
-        self._transport.abort()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
 
 
 def _warn_if_exposed(host: str) -> None:

@@ -362,36 +362,6 @@ def test_batching_off_searches_every_request_alone(bm25, questions):
     )
 
 
-class ThreadRecordingRetriever(RecordingRetriever):
-    """A :class:`RecordingRetriever` that also records the name of the thread of each search."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.threads: list[str] = []
-
-    def search(self, queries: Sequence[str], topk: int = 3) -> list[list[Hit]]:
-        self.threads.append(threading.current_thread().name)
-        return super().search(queries, topk)
-
-
-@pytest.mark.parametrize("delay_s", [0.0, 0.05])
-def test_only_cheap_searches_run_on_the_event_loop(bm25, questions, delay_s):
-    # a BM25 search over 2,000 passages costs ~0.1 ms, less than handing it to the worker thread
-    # and back: once 8 searches have measured that, the next ones run on the event loop. A
-    # search that takes 50 ms (here asleep: no CPU, so the wall-time guard must catch it) always
-    # stays in the worker thread, however cheap its CPU
-    recorder = ThreadRecordingRetriever(bm25, delay_s=delay_s)
-    with serve_in_thread(create_app(recorder)) as running, httpx.Client(timeout=WAIT_S) as c:
-        for q in questions[:24]:
-            assert c.post(running.url + "/retrieve", json={"queries": [q]}).status_code == 200
-    in_worker = [name.startswith("retrieval-search") for name in recorder.threads]
-    assert len(in_worker) == 24 and all(in_worker[:8])  # measured first, in the worker thread
-    if delay_s:
-        assert all(in_worker)
-    else:  # on a loaded machine a search can look slow now and then: most, not all
-        assert sum(in_worker[8:]) <= 4, recorder.threads
-
-
 def test_search_runs_off_the_event_loop(bm25):
     # while a search is held in the worker thread, the event loop still answers /health (and
     # reads new requests): the search cannot finish before the test lets it go
