@@ -234,7 +234,7 @@ async def closed_loop(url: str, bodies: list[bytes], clients: int, requests: int
     wire = [RawConnection.request_bytes(host, path, b) for b in bodies]
     conns = [RawConnection(host, int(port)) for _ in range(clients)]
     for c in conns:
-        c._reader, c._writer = await asyncio.open_connection(host, int(port))
+        await c.connect()
     latencies: list[float] = []
     taken = 0
 
