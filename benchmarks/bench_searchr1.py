@@ -36,6 +36,18 @@ Reported per B: median over repeats of CPU time per query on the searching threa
 (``time.process_time``: also the JVM's JIT and GC threads, whichever search they overlap) and
 of wall time, their ratios, and how many top-3 id lists are identical.
 
+Server against server (``--servers``, writes ``results/searchr1_server.json``): Search-R1's server
+as above against ``agentgym retrieval serve`` (defaults) over ``agentgym retrieval index --kind
+bm25`` of the same corpus file, each in its own process. ``--clients`` N concurrent clients (1,
+16, 256), one keep-alive HTTP/1.1 connection each (opened before the clock starts), send one
+query per request in Search-R1's request shape, each its next request when the last is answered,
+until ``--requests`` are answered; ``--repeats`` windows per client count, the servers' order
+alternating. Reported per N: medians of the total time, time per request, p50/p99 latency, the
+server process's CPU time (user + system, all threads, from /proc) and the load generator's,
+and the medians of the per-repeat Search-R1 / ours ratios of total time and server CPU. Top-k
+identity: each query alone, top 3 and top 10, passage texts in order (Search-R1's BM25 answer
+has no ids) and scores.
+
 Get Search-R1 (only its two files above are read; nothing of it is kept)::
 
     git clone https://github.com/PeterGriffinJin/Search-R1 ~/Search-R1
@@ -43,6 +55,7 @@ Get Search-R1 (only its two files above are read; nothing of it is kept)::
     python benchmarks/bench_searchr1.py --search-r1 ~/Search-R1    # ~5 minutes
     python benchmarks/bench_searchr1.py --search-r1 ~/Search-R1 --in-process-only \
         --corpus-size 500000 --out benchmarks/results/searchr1_500k.json
+    python benchmarks/bench_searchr1.py --search-r1 ~/Search-R1 --servers   # ~8 minutes
 
 (its server imports faiss, torch, transformers and datasets at the top, though BM25 needs none
 of them). The index build and the server start their JVM through ``agentgym.retrieval.java.

@@ -352,7 +352,7 @@ def main() -> int:
             "repeats": args.repeats,
             "topk": 3,
             "compute_threads_per_process": 1,
-            "search_r1_index": f"{BUILDER_FILE} {' '.join(flags[:2] + flags[6:])}",
+            "search_r1_index": f"{BUILDER_FILE} {' '.join(flags[:2] + flags[8:])}",
             "search_r1_server": f"{SERVER_FILE} (DenseRetriever, its Encoder, FAISS Flat; "
             "fp16 off, faiss_gpu off, .cuda() calls made no-ops)",
             "ours_index": "agentgym retrieval index --kind flat --device cpu",
