@@ -595,7 +595,12 @@ def main() -> int:
     p.add_argument(
         "--requests", type=int, default=1024, help="--servers: one-query requests per window"
     )
-    p.add_argument("--out", type=Path, default=None, help="default: results/searchr1.json")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="default: results/searchr1.json (--servers: results/searchr1_server.json)",
+    )
     args = p.parse_args()
     if args.search_r1 is None or not (args.search_r1 / SERVER_FILE).is_file():
         sys.exit(
