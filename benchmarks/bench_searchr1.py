@@ -71,6 +71,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import platform
@@ -535,6 +536,9 @@ def main_servers(args) -> int:
             "requests_per_window": args.requests,
             "repeats": args.repeats,
             "warmup_passes": args.warmup,
+            # uvicorn parses HTTP with httptools where it is installed, else with h11 (pure
+            # Python): both servers run uvicorn, so this is the same for both
+            "uvicorn_http": "httptools" if importlib.util.find_spec("httptools") else "h11",
             "request": {"queries": ["<one query>"], "topk": 3, "return_scores": True},
             "client": "asyncio HTTP/1.1, one keep-alive connection per client, opened before "
             "the clock starts; each client sends its next request when the last is answered",
