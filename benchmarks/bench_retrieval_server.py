@@ -302,6 +302,11 @@ class RawConnection:
         )
         return head.encode() + body
 
+    async def connect(self) -> None:
+        """Open the connection now (else the first ``send`` opens it)."""
+        if self._writer is None:
+            self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+
     async def send(self, request: bytes) -> tuple[int, bytes]:
         reused = self._writer is not None
         try:

@@ -36,6 +36,18 @@ Reported per B: median over repeats of CPU time per query on the searching threa
 (``time.process_time``: also the JVM's JIT and GC threads, whichever search they overlap) and
 of wall time, their ratios, and how many top-3 id lists are identical.
 
+Server against server (``--servers``, writes ``results/searchr1_server.json``): Search-R1's server
+as above against ``agentgym retrieval serve`` (defaults) over ``agentgym retrieval index --kind
+bm25`` of the same corpus file, each in its own process. ``--clients`` N concurrent clients (1,
+16, 256), one keep-alive HTTP/1.1 connection each (opened before the clock starts), send one
+query per request in Search-R1's request shape, each its next request when the last is answered,
+until ``--requests`` are answered; ``--repeats`` windows per client count, the servers' order
+alternating. Reported per N: medians of the total time, time per request, p50/p99 latency, the
+server process's CPU time (user + system, all threads, from /proc) and the load generator's,
+and the medians of the per-repeat Search-R1 / ours ratios of total time and server CPU. Top-k
+identity: each query alone, top 3 and top 10, passage texts in order (Search-R1's BM25 answer
+has no ids) and scores.
+
 Get Search-R1 (only its two files above are read; nothing of it is kept)::
 
     git clone https://github.com/PeterGriffinJin/Search-R1 ~/Search-R1
@@ -43,6 +55,7 @@ Get Search-R1 (only its two files above are read; nothing of it is kept)::
     python benchmarks/bench_searchr1.py --search-r1 ~/Search-R1    # ~5 minutes
     python benchmarks/bench_searchr1.py --search-r1 ~/Search-R1 --in-process-only \
         --corpus-size 500000 --out benchmarks/results/searchr1_500k.json
+    python benchmarks/bench_searchr1.py --search-r1 ~/Search-R1 --servers   # ~8 minutes
 
 (its server imports faiss, torch, transformers and datasets at the top, though BM25 needs none
 of them). The index build and the server start their JVM through ``agentgym.retrieval.java.
@@ -56,6 +69,9 @@ uses, as ``bench_webshop.py`` does for stock WebShop. Writes ``benchmarks/result
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import importlib.util
 import json
 import os
 import platform
@@ -166,22 +182,127 @@ def _start_server(
         env=env, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}/retrieve"
+    wait_for_retrieve(proc, url, "Search-R1's server", log.name)
+    return proc, url
+
+
+def wait_for_retrieve(proc: subprocess.Popen, url: str, name: str, log_name: str) -> None:
+    """Wait (up to 10 minutes) until the server at ``url`` answers a /retrieve request."""
     import requests
 
     deadline = time.time() + 600
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"Search-R1's server exited ({proc.returncode}); see {log.name}")
+            raise RuntimeError(f"{name} exited ({proc.returncode}); see {log_name}")
         try:
-            # its endpoint needs return_scores=True (generation.py always sends it)
+            # Search-R1's endpoint needs return_scores=True (generation.py always sends it)
             requests.post(
                 url, json={"queries": ["warm up"], "topk": 3, "return_scores": True}, timeout=5
             ).json()["result"]
-            return proc, url
+            return
         except (requests.ConnectionError, requests.Timeout, ValueError, KeyError):
             time.sleep(1)
     proc.kill()
-    raise RuntimeError("Search-R1's server did not answer within 10 minutes")
+    raise RuntimeError(f"{name} did not answer within 10 minutes")
+
+
+def start_ours(
+    index_dir: Path, log, env: dict[str, str], extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, str]:
+    """``agentgym retrieval serve --index index_dir`` in its own process, as a user starts it
+    (``python -m agentgym.cli``: the agentgym on ``sys.path``); return (process, /retrieve URL)."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentgym.cli", "retrieval", "serve", "--index", str(index_dir),
+         "--port", str(port), *extra],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}/retrieve"
+    wait_for_retrieve(proc, url, "agentgym retrieval serve", log.name)
+    return proc, url
+
+
+def build_ours(corpus: Path, out: Path, log, env: dict[str, str], *extra: str) -> None:
+    """``agentgym retrieval index --corpus corpus --out out ...`` in its own process."""
+    subprocess.run(
+        [sys.executable, "-m", "agentgym.cli", "retrieval", "index", "--corpus", str(corpus),
+         "--out", str(out), "--quiet", *extra],
+        check=True, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid``, all its threads (a JVM's too), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def closed_loop(url: str, bodies: list[bytes], clients: int, requests: int) -> dict:
+    """``clients`` concurrent clients, one keep-alive HTTP/1.1 connection each (opened before the
+    clock starts), take the next of ``requests`` requests (cycling through ``bodies``) until all
+    are answered. Returns the wall seconds of the whole and each request's latency (s)."""
+    from bench_retrieval_server import RawConnection
+
+    host, port = url.removeprefix("http://").split("/")[0].split(":")
+    path = "/" + url.split("/", 3)[3]
+    wire = [RawConnection.request_bytes(host, path, b) for b in bodies]
+    conns = [RawConnection(host, int(port)) for _ in range(clients)]
+    for c in conns:
+        await c.connect()
+    latencies: list[float] = []
+    taken = 0
+
+    async def client(conn) -> None:
+        nonlocal taken
+        while taken < requests:
+            j = taken
+            taken += 1
+            t0 = time.perf_counter()
+            status, body = await conn.send(wire[j % len(wire)])
+            latencies.append(time.perf_counter() - t0)
+            if status != 200:
+                raise RuntimeError(f"{url} answered {status}: {body[:200]!r}")
+
+    t0 = time.perf_counter()
+    try:
+        await asyncio.gather(*(client(c) for c in conns))
+        wall = time.perf_counter() - t0
+    finally:
+        for c in conns:
+            await c.close()
+    return {"wall_s": wall, "latencies_s": latencies}
+
+
+def top_k_lists(url: str, queries: list[str], k: int) -> list[list[tuple[str, float]]]:
+    """Each query alone in one request: its top ``k`` as (passage contents, score), best first."""
+    import requests
+
+    out = []
+    for q in queries:
+        rows = requests.post(url, json={"queries": [q], "topk": k, "return_scores": True}).json()
+        out.append([(h["document"]["contents"], h["score"]) for h in rows["result"][0]])
+    return out
+
+
+def compare_top_k(theirs: list, ours: list, tol: float = 1e-5) -> dict:
+    """How many queries got the same passages in the same order (ties included), how many the
+    same scores too (within a relative ``tol``: both compute in float32), and the largest
+    relative score difference at the same rank."""
+    same = sum([c for c, _ in a] == [c for c, _ in b] for a, b in zip(theirs, ours, strict=True))
+    diffs = [
+        [abs(x - y) / max(1e-12, abs(x)) for (_, x), (_, y) in zip(a, b, strict=False)]
+        for a, b in zip(theirs, ours, strict=True)
+    ]
+    scores = sum(
+        len(a) == len(b) and all(d <= tol for d in row)
+        for a, b, row in zip(theirs, ours, diffs, strict=True)
+    )
+    return {
+        "queries": len(theirs),
+        "identical_lists": same,
+        "equal_scores": scores,
+        "max_score_rel_diff": max((d for row in diffs for d in row), default=0.0),
+    }
 
 
 def lucene_searcher(index_dir: Path):
@@ -271,6 +392,185 @@ def _p99(xs: list[float]) -> float:
     return float(np.percentile(np.asarray(xs), 99))
 
 
+def _median_ratio(a: list[float], b: list[float]) -> float:
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
+
+
+def bench_servers(
+    urls: dict[str, str], pids: dict[str, int], queries: list[str], args
+) -> tuple[dict, dict]:
+    """Server against server: the same top-k check, then for each client count ``--repeats``
+    closed-loop windows of ``--requests`` one-query requests per server, the servers' order
+    alternating window by window. Returns (top-k identity, results per client count)."""
+    bodies = [
+        json.dumps({"queries": [q], "topk": 3, "return_scores": True}).encode() for q in queries
+    ]
+    same_top_k = {}
+    for k in (3, 10):
+        lists = {name: top_k_lists(url, queries, k) for name, url in urls.items()}
+        same_top_k[str(k)] = compare_top_k(lists["search_r1"], lists["ours"])
+        print(f"  top-{k}: {same_top_k[str(k)]}", flush=True)
+    for url in urls.values():  # warm-up: Lucene's JIT, our kernels (loaded in the background)
+        for _ in range(args.warmup):
+            asyncio.run(closed_loop(url, bodies, 16, len(bodies)))
+    names = list(urls)
+    out: dict = {}
+    for clients in args.clients:
+        runs: dict[str, dict[str, list[float]]] = {
+            n: {"total_s": [], "server_cpu_s": [], "client_cpu_s": [], "latency_p50_ms": [],
+                "latency_p99_ms": []}
+            for n in names
+        }  # fmt: skip
+        for repeat in range(args.repeats):
+            for name in names if repeat % 2 == 0 else names[::-1]:
+                cpu0, client0 = cpu_seconds(pids[name]), time.process_time()
+                run = asyncio.run(closed_loop(urls[name], bodies, clients, args.requests))
+                runs[name]["server_cpu_s"].append(cpu_seconds(pids[name]) - cpu0)
+                runs[name]["client_cpu_s"].append(time.process_time() - client0)
+                runs[name]["total_s"].append(run["wall_s"])
+                lat_ms = np.asarray(run["latencies_s"]) * 1e3
+                runs[name]["latency_p50_ms"].append(float(np.percentile(lat_ms, 50)))
+                runs[name]["latency_p99_ms"].append(float(np.percentile(lat_ms, 99)))
+        med = {n: {key: statistics.median(v) for key, v in r.items()} for n, r in runs.items()}
+        row = {
+            "requests": args.requests,
+            "total_s_median": {n: med[n]["total_s"] for n in names},
+            "per_request_ms_median": {n: med[n]["total_s"] * 1e3 / args.requests for n in names},
+            "latency_p50_ms_median": {n: med[n]["latency_p50_ms"] for n in names},
+            "latency_p99_ms_median": {n: med[n]["latency_p99_ms"] for n in names},
+            "server_cpu_s_median": {n: med[n]["server_cpu_s"] for n in names},
+            "server_cpu_ms_per_request_median": {
+                n: med[n]["server_cpu_s"] * 1e3 / args.requests for n in names
+            },
+            "client_cpu_s_median": {n: med[n]["client_cpu_s"] for n in names},
+            "ratio_total_time": _median_ratio(
+                runs["search_r1"]["total_s"], runs["ours"]["total_s"]
+            ),
+            "ratio_server_cpu": _median_ratio(
+                runs["search_r1"]["server_cpu_s"], runs["ours"]["server_cpu_s"]
+            ),
+            "runs": runs,
+        }
+        out[str(clients)] = row
+        print(
+            f"  {clients:>3} clients, {args.requests} requests: total Search-R1 "
+            f"{row['total_s_median']['search_r1']:.2f} s / ours {row['total_s_median']['ours']:.2f}"
+            f" s ({row['ratio_total_time']:.1f}x); server CPU "
+            f"{row['server_cpu_s_median']['search_r1']:.2f} / {row['server_cpu_s_median']['ours']:.2f}"
+            f" s ({row['ratio_server_cpu']:.1f}x); p50 latency "
+            f"{row['latency_p50_ms_median']['search_r1']:.1f} / "
+            f"{row['latency_p50_ms_median']['ours']:.1f} ms",
+            flush=True,
+        )
+    return same_top_k, out
+
+
+def main_servers(args) -> int:
+    """``--servers``: Search-R1's retrieval_server.py against ``agentgym retrieval serve``."""
+    import agentgym
+    from agentgym.envs.searchqa import SearchQAEnv
+    from agentgym.envs.searchqa.synthetic import write_search_r1_files
+    from agentgym.retrieval.java import ensure_java
+    from agentgym.retrieval.sparse import BM25Retriever
+
+    load_before = os.getloadavg()[0]
+    work = Path(tempfile.mkdtemp(prefix="bench-searchr1-servers-"))
+    log = open(work / "servers.log", "w")  # noqa: SIM115 - closed in finally
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        docs = _corpus(args.corpus_size)
+        corpus = work / "corpus" / "corpus.jsonl"
+        corpus.parent.mkdir()
+        with open(corpus, "w") as f:
+            for doc in docs:
+                f.write(json.dumps(doc) + "\n")
+        write_search_r1_files(work)
+        # the scripted searcher's queries, as the other modes use
+        env = SearchQAEnv(
+            data=work / "test.parquet", retriever=BM25Retriever.from_documents(docs),
+            max_episode_steps=CAP,
+        )  # fmt: skip
+        queries: list[str] = play_timed(env, env.num_tasks)["queries"]  # type: ignore[assignment]
+        java_home = ensure_java()
+        print(f"{len(docs):,} passages, {len(queries)} queries; building both indexes", flush=True)
+        procs["search_r1"], url_theirs = _start_server(args.search_r1, work, java_home, log)
+        t0 = time.perf_counter()
+        build_ours(corpus, work / "ours-bm25", log, dict(os.environ), "--kind", "bm25")
+        print(f"  our bm25s index built in {time.perf_counter() - t0:.1f} s", flush=True)
+        procs["ours"], url_ours = start_ours(work / "ours-bm25", log, dict(os.environ))
+        urls = {"search_r1": url_theirs, "ours": url_ours}
+        pids = {n: p.pid for n, p in procs.items()}
+        same_top_k, by_clients = bench_servers(urls, pids, queries, args)
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+        for proc in procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+        log.close()
+        server_log = (work / "servers.log").read_text()[-2000:]
+        shutil.rmtree(work, ignore_errors=True)
+        if sys.exc_info()[0] is not None:
+            print("index builds / servers' output:\n" + server_log, file=sys.stderr)
+
+    import pyserini
+
+    report = {
+        "benchmark": "searchr1_server",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "python": platform.python_version(),
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_average_1min_before_after": [load_before, os.getloadavg()[0]],
+        },
+        "versions": {
+            "agentgym": agentgym.__version__,
+            "pyserini": getattr(pyserini, "__version__", "?"),
+            "search_r1_commit": _commit(args.search_r1),
+        },
+        "settings": {
+            "passages": len(docs),
+            "unique_passage_texts": len({d["contents"] for d in docs}),
+            "queries": len(queries),
+            "requests_per_window": args.requests,
+            "repeats": args.repeats,
+            "warmup_passes": args.warmup,
+            # uvicorn parses HTTP with httptools where it is installed, else with h11 (pure
+            # Python): both servers run uvicorn, so this is the same for both
+            "uvicorn_http": "httptools" if importlib.util.find_spec("httptools") else "h11",
+            "request": {"queries": ["<one query>"], "topk": 3, "return_scores": True},
+            "client": "asyncio HTTP/1.1, one keep-alive connection per client, opened before "
+            "the clock starts; each client sends its next request when the last is answered",
+            "search_r1_server": str(SERVER_FILE) + " (BM25Retriever, pyserini LuceneSearcher) "
+            "over a Lucene index built with index_builder.py's pyserini flags",
+            "ours_server": "agentgym retrieval serve (defaults) over agentgym retrieval index "
+            "--kind bm25 (bm25s backend, pruned numba search)",
+        },
+        "same_top_k": same_top_k,
+        "by_clients": by_clients,
+        "servers_log_tail": server_log[-500:],
+    }
+    out = args.out or RESULTS.with_name("searchr1_server.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = out.with_suffix(".json.tmp")
+    tmp_out.write_text(json.dumps(report, indent=1) + "\n")
+    os.replace(tmp_out, out)
+    print(f"wrote {out}")
+    return 0
+
+
+def _commit(checkout: Path) -> str:
+    return (
+        subprocess.run(
+            ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        or "unknown"
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -289,7 +589,22 @@ def main() -> int:
         action="store_true",
         help="only the fidelity check and the in-process BM25 timing (no HTTP turns)",
     )
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument(
+        "--servers",
+        action="store_true",
+        help="server against server: `agentgym retrieval serve` against Search-R1's "
+        "retrieval_server.py at --clients concurrent clients (writes searchr1_server.json)",
+    )
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 16, 256], help="--servers only")
+    p.add_argument(
+        "--requests", type=int, default=1024, help="--servers: one-query requests per window"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="default: results/searchr1.json (--servers: results/searchr1_server.json)",
+    )
     args = p.parse_args()
     if args.search_r1 is None or not (args.search_r1 / SERVER_FILE).is_file():
         sys.exit(
@@ -298,6 +613,9 @@ def main() -> int:
         )
     if not (args.search_r1 / CLIENT_FILE).is_file():
         sys.exit(f"{args.search_r1} lacks {CLIENT_FILE}: is it a Search-R1 checkout?")
+    if args.servers:
+        return main_servers(args)
+    args.out = args.out or RESULTS
 
     import requests
 
