@@ -104,35 +104,45 @@ def bench_steps_and_resets(root: Path, split: str, seqs, repeats: int) -> dict:
     paths = dict(list_games(root, split))
     stock_step, ours_step, stock_reset, cold_reset, warm_reset = [], [], [], [], []
     totals: dict[str, list[float]] = {"step": [], "episode_cold": [], "reset_cold": []}
+    # the same sums in process CPU time: what the calls cost, whatever else the cores run
+    cpu = {"stock_step": 0.0, "ours_step": 0.0, "stock_reset": 0.0, "ours_reset": 0.0}
+    cpu_totals: dict[str, list[float]] = {"step": [], "episode_cold": [], "reset_cold": []}
+    cpu_seconds: list[dict[str, float]] = []
     mismatches = compared = 0
+    clock, cpu_clock = time.perf_counter, time.process_time
     for r in range(repeats):
         first = (len(stock_step), len(ours_step), len(stock_reset), len(cold_reset))
+        cpu = dict.fromkeys(cpu, 0.0)
         for tid, commands in seqs:
             # -- stock (reset reloads and re-translates the game every time)
             stock = StockALFWorld(paths[tid])
-            t = time.perf_counter()
+            t, c = clock(), cpu_clock()
             s_obs, s_info = stock.reset()
-            stock_reset.append(time.perf_counter() - t)
+            stock_reset.append(clock() - t)
+            cpu["stock_reset"] += cpu_clock() - c
             stock_out = [(s_obs, s_info["admissible_commands"])]
             for cmd in commands:
-                t = time.perf_counter()
+                t, c = clock(), cpu_clock()
                 s_obs, _, _, s_info = stock.step(cmd)
-                stock_step.append(time.perf_counter() - t)
+                stock_step.append(clock() - t)
+                cpu["stock_step"] += cpu_clock() - c
                 stock_out.append((s_obs, s_info["admissible_commands"]))
             stock.close()
             # -- ours: cold reset (game not parsed yet), warm reset, then the same steps
             clear_game_cache()
-            t = time.perf_counter()
+            t, c = clock(), cpu_clock()
             obs, info = env.reset(options={"task": tid})
-            cold_reset.append(time.perf_counter() - t)
-            t = time.perf_counter()
+            cold_reset.append(clock() - t)
+            cpu["ours_reset"] += cpu_clock() - c
+            t = clock()
             obs, info = env.reset(options={"task": tid})
-            warm_reset.append(time.perf_counter() - t)
+            warm_reset.append(clock() - t)
             ours_out = [(obs, info["admissible_actions"])]
             for cmd in commands:
-                t = time.perf_counter()
+                t, c = clock(), cpu_clock()
                 obs, _, _, _, info = env.step(cmd)
-                ours_step.append(time.perf_counter() - t)
+                ours_step.append(clock() - t)
+                cpu["ours_step"] += cpu_clock() - c
                 ours_out.append((obs, info["admissible_actions"]))
             compared += len(ours_out)
             mismatches += sum(a != b for a, b in zip(ours_out, stock_out, strict=True))
@@ -142,9 +152,16 @@ def bench_steps_and_resets(root: Path, split: str, seqs, repeats: int) -> dict:
         totals["step"].append(s_steps / o_steps)
         totals["reset_cold"].append(s_resets / o_resets)
         totals["episode_cold"].append((s_steps + s_resets) / (o_steps + o_resets))
+        cpu_seconds.append(dict(cpu))
+        cpu_totals["step"].append(cpu["stock_step"] / cpu["ours_step"])
+        cpu_totals["reset_cold"].append(cpu["stock_reset"] / cpu["ours_reset"])
+        cpu_totals["episode_cold"].append(
+            (cpu["stock_step"] + cpu["stock_reset"]) / (cpu["ours_step"] + cpu["ours_reset"])
+        )
         print(
             f"  repeat {r + 1}/{repeats}: {len(stock_step)} stock steps so far; total-time "
-            f"ratios step {totals['step'][-1]:.0f}x, reset {totals['reset_cold'][-1]:.0f}x",
+            f"ratios step {totals['step'][-1]:.0f}x (CPU {cpu_totals['step'][-1]:.0f}x), "
+            f"reset {totals['reset_cold'][-1]:.0f}x (CPU {cpu_totals['reset_cold'][-1]:.0f}x)",
             flush=True,
         )
     fresh_step = list(ours_step)  # steps on a game just loaded: no cached operators/texts yet
@@ -179,6 +196,13 @@ def bench_steps_and_resets(root: Path, split: str, seqs, repeats: int) -> dict:
         "reset_cold_total_time_ratio": med(totals["reset_cold"]),
         "episode_total_time_ratio": med(totals["episode_cold"]),
         "total_time_ratios_per_repeat": totals,
+        # the same ratios in process CPU time (time.process_time around each call)
+        "step_total_cpu_ratio": med(cpu_totals["step"]),
+        "reset_cold_total_cpu_ratio": med(cpu_totals["reset_cold"]),
+        "episode_total_cpu_ratio": med(cpu_totals["episode_cold"]),
+        "total_cpu_ratios_per_repeat": cpu_totals,
+        "cpu_seconds_per_repeat": cpu_seconds,
+        "steps_per_repeat": sum(len(c) for _, c in seqs),
         "stock_step_p99_ms": 1e3 * _p99(stock_step),
         "ours_step_fresh_game_p99_ms": 1e3 * _p99(fresh_step),
     }
