@@ -29,10 +29,17 @@ Data: ``--data DIR`` or ``$ALFWORLD_DATA`` (the folder holding json_2.1.1); with
 a temporary folder. ``--split valid_train`` gives games our engine was not developed against
 (held-out; ALFWorld's valid_unseen archive is not bundled there).
 
-    python benchmarks/bench_alfworld.py                 # writes benchmarks/results/alfworld.json
-    python benchmarks/bench_alfworld.py --split valid_train --games 8 --steps 30 --skip memory group \
-        --out benchmarks/results/alfworld_valid_train.json
-    python benchmarks/bench_alfworld.py --quick         # a smoke run
+Step and reset totals come in process CPU time too (``time.process_time`` around each call):
+the wall ratio moves with whatever else a shared machine runs, the CPU ratio does not.
+
+    python benchmarks/bench_alfworld.py --games 12 --steps 30 --repeats 3 \
+        --out benchmarks/results/alfworld.json
+    python benchmarks/bench_alfworld.py --split valid_train --games 12 --steps 20 --repeats 5 \
+        --skip memory group --out benchmarks/results/alfworld_valid_train.json
+    python benchmarks/bench_alfworld.py --quick --out /tmp/alfworld.json     # a smoke run
+
+These write the tracked results; ``python benchmarks/make_tables.py`` then regenerates the
+README tables from them.
 """
 
 from __future__ import annotations

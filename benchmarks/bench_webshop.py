@@ -30,8 +30,13 @@ spaCy 3.8's ``en_core_web_sm`` stands in for 3.3's (``--spacy-model``, which our
 uses too). Without a checkout (and bs4, Flask, thefuzz, torch), part (a) is skipped.
 
     python benchmarks/bench_webshop.py --webshop-src ~/WebShop     # writes results/webshop.json
-    python benchmarks/bench_webshop.py --webshop-src ~/WebShop --only-stock --episodes 100
-    python benchmarks/bench_webshop.py --quick                     # a smoke run
+    python benchmarks/bench_webshop.py --webshop-src ~/WebShop --only-stock --episodes 40 \
+        --repeats 5 --out benchmarks/results/webshop_vs_stock.json
+    python benchmarks/bench_webshop.py --quick --out /tmp/webshop.json     # a smoke run
+
+Part (a)'s totals come in process CPU time too (``time.process_time_ns`` around each call,
+stock's JVM threads included). ``python benchmarks/make_tables.py`` regenerates the README tables
+from the written results.
 
 A WebShop checkout: ``git clone https://github.com/princeton-nlp/WebShop``.
 """
