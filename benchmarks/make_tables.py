@@ -597,6 +597,63 @@ def _sr1_bm25_row(source: str, batch: str) -> Row:
 
 
 # ---------------------------------------------------------------------------------------------
+# Sokoban (bench_sokoban.py), WebShop reward (bench_webshop_reward.py), BM25 (bench_bm25.py)
+# ---------------------------------------------------------------------------------------------
+
+WALL_ONLY = "wall only"
+
+
+def _sokoban_row(label: str, key: str) -> Row:
+    def make(d: Results) -> Cells | None:
+        r = d.get("results", {}).get(key)
+        if r is None:
+            return None
+        # repeats interleave ours and theirs, so each repeat has its own ratio
+        repeats = [o / t for o, t in zip(r["ours"], r["theirs"], strict=True) if t > 0]
+        empty = len(r["theirs"]) - len(repeats)  # repeats in which theirs finished no room
+        none = f"; {empty} with none of theirs" if empty else ""
+        return [
+            label,
+            num(r["ours_median"]),
+            num(r["theirs_median"]),
+            f"{x(r['ratio'])} ({WALL_ONLY}; per repeat: {per_repeat(repeats)}{none})",
+        ]
+
+    return Row("sokoban.json", make)
+
+
+def _reward_row(label: str, key: str) -> Row:
+    def make(d: Results) -> Cells | None:
+        us = d.get("us_per_purchase_median", {})
+        if key not in us:
+            return None
+        ratio = us["webshop_get_reward"] / us[key]
+        return [label, num(us[key]), x(ratio)]
+
+    return Row("webshop_reward.json", make)
+
+
+def _bm25_row(size: str, label: str, key: str) -> Row:
+    def make(d: Results) -> Cells | None:
+        b = d.get("sizes", {}).get(size, {}).get("backends")
+        if b is None:
+            return None
+        ours, stock, lucene = (
+            b[k][key] for k in ("agentgym-bm25s", "stock-bm25s", "agentgym-pyserini")
+        )
+        return [
+            f"{int(size) // 1000}k",
+            label,
+            num(ours),
+            num(stock),
+            num(lucene),
+            f"{x(stock / ours)} / {x(lucene / ours)}",
+        ]
+
+    return Row("bm25.json", make)
+
+
+# ---------------------------------------------------------------------------------------------
 # README.md's Performance table
 # ---------------------------------------------------------------------------------------------
 
@@ -762,6 +819,70 @@ TABLES: list[Table] = [
             _sr1_bm25_row(source, n)
             for source in (SEARCHR1, "searchr1_200k.json", "searchr1_1m.json")
             for n in ("1", "16", "128")
+        ],
+    ),
+]
+
+
+TABLES += [
+    Table(
+        name="sokoban",
+        file=BENCH_README,
+        header=["measure", "agentgym", "gym-sokoban", "ratio"],
+        rows=[
+            _sokoban_row(
+                "steps/s, 6x6/1 box, random moves (theirs: `tiny_rgb_array` observation, its "
+                "cheapest)",
+                "steps_per_s",
+            ),
+            _sokoban_row(
+                "steps/s, theirs with its default `rgb_array` observation",
+                "steps_per_s_vs_rgb_array",
+            ),
+            _sokoban_row("rooms/s, 6x6 / 1 box", "rooms_per_s_6x6_1box"),
+            _sokoban_row(
+                "rooms/s, 10x10 / 3 boxes (theirs: rooms finished in the time budget)",
+                "rooms_per_s_10x10_3box",
+            ),
+        ],
+        caption=lambda load: (
+            None
+            if load("sokoban.json") is None
+            else f"Medians of {load('sokoban.json')['settings']['repeats']} interleaved repeats, "
+            "wall clock (`results/sokoban.json`; no CPU time in this run):"
+        ),
+    ),
+    Table(
+        name="webshop-reward",
+        file=BENCH_README,
+        header=["", "us per purchase", "vs WebShop (wall only)"],
+        rows=[
+            _reward_row("WebShop's `get_reward`", "webshop_get_reward"),
+            _reward_row("ours, spaCy nouns, titles already seen", "ours_spacy_warm"),
+            _reward_row("ours, model-free nouns, titles already seen", "ours_fallback_warm"),
+            _reward_row("ours, model-free nouns, new titles", "ours_fallback_cold"),
+            _reward_row("ours, spaCy nouns, new titles", "ours_spacy_cold"),
+        ],
+    ),
+    Table(
+        name="bm25",
+        file=BENCH_README,
+        header=[
+            "corpus",
+            "measure",
+            "agentgym (bm25s)",
+            "stock bm25s",
+            "pyserini",
+            "ratio vs stock bm25s / vs pyserini (wall only)",
+        ],
+        numeric=[False, False, True, True, True, True],
+        rows=[
+            _bm25_row("100000", "build (s)", "build_s"),
+            _bm25_row("100000", "batched (ms per query)", "batched_ms_per_query"),
+            _bm25_row("100000", "single query, median (ms)", "single_median_ms"),
+            _bm25_row("10000", "batched (ms per query)", "batched_ms_per_query"),
+            _bm25_row("10000", "single query, median (ms)", "single_median_ms"),
+            _bm25_row("1000", "batched (ms per query)", "batched_ms_per_query"),
         ],
     ),
 ]
