@@ -654,6 +654,126 @@ def _bm25_row(size: str, label: str, key: str) -> Row:
 
 
 # ---------------------------------------------------------------------------------------------
+# Ours alone: vector envs, advantages, Search QA steps, snapshots, Ray (wall clock throughout)
+# ---------------------------------------------------------------------------------------------
+
+
+def _vector_rows(source: str, label: str) -> list[Row]:
+    def row(i: int) -> Row:
+        def make(d: Results) -> Cells | None:
+            if i >= len(d.get("results", [])):
+                return None
+            r = d["results"][i]
+            return [
+                label,
+                f"{r['num_envs']:,}",
+                num(r["inprocess"]["median_steps_per_s"]),
+                num(r["process"]["median_steps_per_s"]),
+                f"{r['process_over_inprocess']:.2f}",
+            ]
+
+        return Row(source, make)
+
+    return [row(i) for i in range(8)]
+
+
+def _advantage_rows() -> list[Row]:
+    keys = {"int_keys": "int codes", "python_keys": "Python keys"}
+
+    def batch(i: int) -> Row:
+        def make(d: Results) -> Cells | None:
+            if i >= len(d.get("results", [])):
+                return None
+            r = d["results"][i]
+            return [
+                f"{r['estimator']}, {keys.get(r['state_keys'], r['state_keys'])}",
+                f"{r['rows']:,}",
+                num(r["reference_ms"]),
+                num(r["fast_ms"]),
+                x(r["speedup"]),
+            ]
+
+        return Row("advantage.json", make)
+
+    def scaled(i: int) -> Row:
+        def make(d: Results) -> Cells | None:
+            if i >= len(d.get("scaling_gigpo_int_keys", [])):
+                return None
+            r = d["scaling_gigpo_int_keys"][i]
+            return [
+                "gigpo, int codes",
+                f"{r['rows']:,}",
+                num(r["reference_ms"]),
+                num(r["fast_ms"]),
+                x(r["speedup"]),
+            ]
+
+        return Row("advantage.json", make)
+
+    return [*(batch(i) for i in range(6)), *(scaled(i) for i in range(4))]
+
+
+def _searchqa_row(label: str, key: str) -> Row:
+    def make(d: Results) -> Cells | None:
+        r = d.get("results", {}).get(key)
+        if r is None and key == "http_server":
+            return None
+        if key == "http_server":
+            r = r["env_step_via_client"]
+        if r is None:
+            return None
+        return [
+            label,
+            f"{num(r['search_median_ms'])} / {num(r['search_p99_ms'])}",
+            num(r["answer_median_ms"]),
+            num(r["reset_median_ms"]),
+        ]
+
+    return Row("searchqa.json", make)
+
+
+SNAPSHOT_IDS = [
+    "Sokoban-v0",
+    "Sokoban-10x10-3box-v0",
+    "Corridor-v0",
+    "ALFWorld-Synthetic-v0",
+    "ALFWorld-v0",
+    "WebShop-Synthetic-v0",
+    "WebShop-v0",
+    "SearchQA-Synthetic-v0",
+    "SearchQA-v0",
+]
+
+
+def _snapshot_row(env_id: str) -> Row:
+    def make(d: Results) -> Cells | None:
+        r = d.get("results", {}).get(f"AgentGym/{env_id}")
+        if r is None:
+            return None
+        return [
+            env_id,
+            num(r["snapshot_us"]),
+            num(r["restore_us"]),
+            num(r["pickle_round_trip_us"]),
+            f"{r['pickled_bytes']:,}",
+            num(r["step_us"]),
+            num(r["replay_us"]),
+            num(r["deepcopy_us"]),
+            x(r["ratio_deepcopy_to_snapshot_plus_restore"]),
+        ]
+
+    return Row("snapshot.json", make)
+
+
+def _ray_row(label: str, key: str, ratio: str, unit: str = "") -> Row:
+    def make(d: Results) -> Cells:
+        per_env, batched = d["median"]["per_env_actors"][key], d["median"]["batched_actors"][key]
+        return [label, num(per_env), num(batched), x(d["ratios"][ratio]) + unit]
+
+    return Row("ray_scaleout.json", make)
+
+
+# ---------------------------------------------------------------------------------------------
 # README.md's Performance table
 # ---------------------------------------------------------------------------------------------
 
@@ -883,6 +1003,97 @@ TABLES += [
             _bm25_row("10000", "batched (ms per query)", "batched_ms_per_query"),
             _bm25_row("10000", "single query, median (ms)", "single_median_ms"),
             _bm25_row("1000", "batched (ms per query)", "batched_ms_per_query"),
+        ],
+    ),
+]
+
+
+TABLES += [
+    Table(
+        name="vector",
+        file=BENCH_README,
+        header=[
+            "env",
+            "envs",
+            "in-process (env steps/s)",
+            "process pool (env steps/s)",
+            "pool / in-process (wall only)",
+        ],
+        numeric=[False, True, True, True, True],
+        rows=[
+            *_vector_rows("vector.json", "Sokoban-v0"),
+            *_vector_rows("vector_alfworld_synthetic.json", "ALFWorld-Synthetic-v0"),
+        ],
+    ),
+    Table(
+        name="advantage",
+        file=BENCH_README,
+        header=["estimator, keys", "rows", "reference (ms)", "fast (ms)", "speed-up (wall only)"],
+        rows=_advantage_rows(),
+        caption=lambda load: (
+            None
+            if load("advantage.json") is None
+            else f"Medians of {load('advantage.json')['repeats']} rounds, one process, load "
+            f"average {load('advantage.json')['load_average_1m']:.1f} (`results/advantage.json`):"
+        ),
+    ),
+    Table(
+        name="searchqa",
+        file=BENCH_README,
+        header=[
+            "setting",
+            "search step (median / p99 ms)",
+            "answer step (median ms)",
+            "reset (median ms)",
+        ],
+        rows=[
+            _searchqa_row("synthetic KB, 304 passages, in-process BM25", "synthetic_inprocess"),
+            _searchqa_row("50,304 passages, in-process BM25", "bigcorpus_inprocess"),
+            _searchqa_row("50,304 passages, over HTTP (our client)", "http_server"),
+        ],
+    ),
+    Table(
+        name="snapshot",
+        file=BENCH_README,
+        header=[
+            "id",
+            "snapshot (us)",
+            "restore (us)",
+            "pickle round trip (us)",
+            "pickled bytes",
+            "step (us)",
+            "replay (us)",
+            "deepcopy (us)",
+            "deepcopy / (snapshot + restore), wall only",
+        ],
+        rows=[_snapshot_row(i) for i in SNAPSHOT_IDS],
+    ),
+    Table(
+        name="ray-scaleout",
+        file=BENCH_README,
+        header=[
+            "measure",
+            "one actor per env",
+            "batched actors",
+            "ratio",
+        ],
+        caption=lambda load: (
+            None
+            if (d := load("ray_scaleout.json")) is None
+            else f"{d['num_envs']} envs of `{d['env']}`, Ray with {d['ray_num_cpus']} CPUs, "
+            f"{d['actors']['batched_actors']} batched actors, medians of {d['repeats']} runs "
+            "(`results/ray_scaleout.json`):"
+        ),
+        rows=[
+            _ray_row(
+                "startup (s)", "startup_s", "startup_per_env_over_batched", " faster (wall only)"
+            ),
+            _ray_row(
+                "summed actor RSS (MB)", "actor_rss_mb", "memory_per_env_over_batched", " less"
+            ),
+            _ray_row(
+                "env steps/s", "steps_per_s", "steps_per_s_batched_over_per_env", " (wall only)"
+            ),
         ],
     ),
 ]
