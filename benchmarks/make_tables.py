@@ -774,6 +774,95 @@ def _ray_row(label: str, key: str, ratio: str, unit: str = "") -> Row:
 
 
 # ---------------------------------------------------------------------------------------------
+# Training and credit assignment (learning results; timings only where noted)
+# ---------------------------------------------------------------------------------------------
+
+
+def _gigpo_vs_grpo_row(method: str, label: str) -> Row:
+    def make(d: Results) -> Cells | None:
+        m = d.get("summary", {}).get("methods", {}).get(method)
+        if m is None:
+            return None
+        reach = m["iteration_reaching_0.9_per_seed"]
+        return [
+            label,
+            f"{m['seeds_reaching_0.9']} / {len(reach)}",
+            ", ".join("-" if i is None else str(i) for i in reach),
+            ", ".join(f"{v:.2g}" for v in m["final_per_seed"]),
+            f"{m['auc_median']:.3f}",
+        ]
+
+    return Row("gigpo_vs_grpo.json", make)
+
+
+CURVE_METHODS = {
+    "slate": "SLATE (stepwise)",
+    "gigpo": "GiGPO",
+    "cw_grpo": "CW-GRPO",
+    "grpo": "GRPO",
+    "slate_tree": "SLATE-TREE",
+}
+
+
+def _curve_row(method: str) -> Row:
+    def make(d: Results) -> Cells | None:
+        m = d.get("summary", {}).get("methods", {}).get(method)
+        if m is None:
+            return None
+        per_seed = ", ".join(f"{v:.2g}" for v in m["final_per_seed"])
+        return [
+            CURVE_METHODS[method],
+            f"{m['final_median']:.2f} ({per_seed})",
+            x(m["auc_ratio_over_grpo"]),
+            num(round(m["mean_actions_per_iteration"])),
+        ]
+
+    return Row("credit_curves.json", make)
+
+
+def _variance_row(label: str, key: str) -> Row:
+    def make(d: Results) -> Cells | None:
+        v = d.get("summary", {}).get("median_variance", {})
+        if key not in v:
+            return None
+        return [label, num(v[key]), "1" if key == "full" else x(v["full"] / v[key])]
+
+    return Row("credit_variance.json", make)
+
+
+def _gpu_rows() -> list[Row]:
+    def phase(label: str, key: str) -> Row:
+        def make(d: Results) -> Cells:
+            t = d["time_s"]
+            share = t[key] / t["iteration"]
+            pct = f"{share:.0%}" if share >= 0.01 else f"{share:.2%}" if share >= 1e-4 else "<0.01%"
+            return [label(d) if callable(label) else label, num(t[key]), pct]
+
+        return Row("gpu_iteration.json", make)
+
+    return [
+        phase(
+            lambda d: (
+                f"generate ({d['generated_tokens']:,.0f} tokens, "
+                f"**{num(d['generate_tokens_per_s'])} tokens/s**)"
+            ),
+            "generate",
+        ),
+        phase(lambda d: f"update ({d['rows']:,.0f} rows)", "update"),
+        phase("env steps", "env"),
+        phase("advantages", "advantage"),
+        Row(
+            "gpu_iteration.json",
+            lambda d: ["**one iteration**", f"**{num(d['time_s']['iteration'])}**", ""],
+        ),
+        Row(
+            "gpu_iteration.json",
+            lambda d: ["peak GPU memory (GiB)", num(d["peak_gpu_memory_gib"]), ""],
+        ),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
 # README.md's Performance table
 # ---------------------------------------------------------------------------------------------
 
@@ -1095,6 +1184,59 @@ TABLES += [
                 "env steps/s", "steps_per_s", "steps_per_s_batched_over_per_env", " (wall only)"
             ),
         ],
+    ),
+]
+
+
+TABLES += [
+    Table(
+        name="gigpo-vs-grpo",
+        file=BENCH_README,
+        header=[
+            "",
+            "seeds reaching 0.9",
+            "iteration reaching 0.9 (per seed)",
+            "final success (per seed)",
+            "mean of the curve, median over seeds",
+        ],
+        numeric=[False, False, False, False, True],
+        rows=[_gigpo_vs_grpo_row("gigpo", "GiGPO"), _gigpo_vs_grpo_row("grpo", "GRPO")],
+    ),
+    Table(
+        name="gpu-iteration",
+        file=BENCH_README,
+        header=["phase", "time (s)", "share of the iteration"],
+        rows=_gpu_rows(),
+        caption=lambda load: (
+            None
+            if (d := load("gpu_iteration.json")) is None
+            else f"Measured on one {d['device']} (torch {d['torch']}), "
+            f"`{d['config']['generation_backend']}` generation (`results/gpu_iteration.json`):"
+        ),
+    ),
+    Table(
+        name="credit-variance",
+        file=BENCH_README,
+        header=["grouping", "advantage variance within a state", "full-trajectory / this"],
+        rows=[
+            _variance_row("full-trajectory groups (GRPO)", "full"),
+            _variance_row(
+                "truncated branching (SLATE: k continuations differing at one step)", "truncated"
+            ),
+            _variance_row("tree branching with full continuations", "tree"),
+        ],
+    ),
+    Table(
+        name="credit-curves",
+        file=BENCH_README,
+        header=[
+            "method",
+            "held-out success at the last iteration (median; per seed)",
+            "area under the curve / GRPO's",
+            "actions per iteration",
+        ],
+        numeric=[False, False, True, True],
+        rows=[_curve_row(m) for m in CURVE_METHODS],
     ),
 ]
 
