@@ -863,6 +863,55 @@ def _gpu_rows() -> list[Row]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Retrieval server (bench_retrieval_server.py)
+# ---------------------------------------------------------------------------------------------
+
+SERVER_RETRIEVERS = {
+    "bm25": "BM25 (bm25s)",
+    "flat-tiny": "Flat, tiny encoder",
+    "flat-minilm": "Flat, all-MiniLM-L6-v2 query encoder",
+}
+
+
+def _server_row(retriever: str, clients: int = 256) -> Row:
+    def make(d: Results) -> Cells | None:
+        runs = {
+            r["mode"]: r
+            for r in d.get("results", [])
+            if r["retriever"] == retriever and r["concurrency"] == clients
+        }
+        ratio = next(
+            (
+                r
+                for r in d.get("ratios", [])
+                if r["retriever"] == retriever and r["concurrency"] == clients
+            ),
+            None,
+        )
+        if "batched" not in runs or "one-at-a-time" not in runs or ratio is None:
+            return None
+        b, one = runs["batched"], runs["one-at-a-time"]
+
+        def with_stock(kind: str) -> str:
+            stock = ratio.get(f"{kind}_batched_vs_stock")
+            head = x(ratio[f"{kind}_batched_vs_one_at_a_time"])
+            return head if stock is None else f"{head} ({x(stock)})"
+
+        return [
+            SERVER_RETRIEVERS[retriever],
+            num(b["qps"]),
+            num(one["qps"]),
+            with_stock("qps"),
+            with_stock("cpu"),
+            f"{num(b['p50_ms'])} / {num(b['p99_ms'])} vs {num(one['p50_ms'])} / "
+            f"{num(one['p99_ms'])}",
+            f"{num(b['server_cpu_ms_per_query'])} vs {num(one['server_cpu_ms_per_query'])}",
+        ]
+
+    return Row("retrieval_server.json", make)
+
+
+# ---------------------------------------------------------------------------------------------
 # README.md's Performance table
 # ---------------------------------------------------------------------------------------------
 
@@ -1237,6 +1286,25 @@ TABLES += [
         ],
         numeric=[False, False, True, True],
         rows=[_curve_row(m) for m in CURVE_METHODS],
+    ),
+]
+
+
+TABLES += [
+    Table(
+        name="retrieval-server",
+        file=BENCH_README,
+        header=[
+            "256 clients",
+            "batched q/s",
+            "one search per request q/s",
+            "q/s ratio (vs stock)",
+            "server CPU per query ratio (vs stock)",
+            "p50 / p99 ms, batched vs one per request",
+            "server CPU ms per query, batched vs one per request",
+        ],
+        numeric=[False, True, True, True, True, False, False],
+        rows=[_server_row(r) for r in SERVER_RETRIEVERS],
     ),
 ]
 
