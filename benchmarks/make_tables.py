@@ -912,6 +912,72 @@ def _server_row(retriever: str, clients: int = 256) -> Row:
 
 
 # ---------------------------------------------------------------------------------------------
+# Async against lockstep rollouts (bench_async_rollout.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def _pair(d: Results, key: str, fmt: Callable[[float], str] = num) -> str:
+    return f"{fmt(d[key]['async'])} / {fmt(d[key]['lockstep'])}"
+
+
+def _async_llama_row(source: str, label: str) -> Row:
+    def make(d: Results) -> Cells | None:
+        v = d.get("summary", {}).get("varied")
+        if v is None:
+            return None
+        cpu = v["server_cpu_s_median"]
+        load = f"load {d['load_average_1m_start']:.1f}-{d['load_average_1m_end']:.1f}"
+        return [
+            f"varied, {label}{load}",
+            num(v["wall_s_median"]["async"]),
+            num(v["wall_s_median"]["lockstep"]),
+            f"**{x(v['speedup_lockstep_over_async'])}**",
+            ", ".join(f"{r:.2f}" for r in v["speedup_per_repeat"]),
+            f"{_pair(v, 'server_cpu_s_median')} ({x(cpu['lockstep'] / cpu['async'])})",
+            _pair(v, "in_flight_mean_median", lambda f: f"{f:.2f}"),
+            _pair(v, "request_latency_median_s"),
+            _pair(v, "tokens_per_s_median"),
+        ]
+
+    return Row(source, make)
+
+
+def _async_transformers_row(setting: str) -> Row:
+    def make(d: Results) -> Cells | None:
+        v = d.get("summary", {}).get(setting)
+        if v is None:
+            return None
+        split = v["time_split_median"]["lockstep"]
+        return [
+            setting,
+            num(v["wall_s_median"]["async"]),
+            num(v["wall_s_median"]["lockstep"]),
+            f"**{x(v['speedup_lockstep_over_async'])}**",
+            ", ".join(f"{r:.2f}" for r in v["speedup_per_repeat"]),
+            "wall only (no CPU time in this run)",
+            _pair(v, "in_flight_mean_median", lambda f: f"{f:.2f}"),
+            _pair(v, "request_latency_median_s"),
+            _pair(v, "tokens_per_s_median"),
+            f"{split['generation']:.1%} / {split['env']:.2%} / {split['waiting']:.1%}",
+        ]
+
+    return Row("async_rollout.json", make)
+
+
+ASYNC_HEADER = [
+    "setting",
+    "async wall (s)",
+    "lockstep wall (s)",
+    "lockstep / async (wall)",
+    "per repeat",
+    "server CPU (s), async / lockstep (lockstep / async)",
+    "requests in flight, async / lockstep",
+    "request latency median (s), async / lockstep",
+    "tokens/s, async / lockstep",
+]
+
+
+# ---------------------------------------------------------------------------------------------
 # README.md's Performance table
 # ---------------------------------------------------------------------------------------------
 
@@ -1305,6 +1371,28 @@ TABLES += [
         ],
         numeric=[False, True, True, True, True, False, False],
         rows=[_server_row(r) for r in SERVER_RETRIEVERS],
+    ),
+]
+
+
+TABLES += [
+    Table(
+        name="async-llama",
+        file=BENCH_README,
+        header=ASYNC_HEADER,
+        numeric=[False, True, True, True, False, False, False, False, False],
+        rows=[
+            _async_llama_row("async_rollout_llama.json", ""),
+            _async_llama_row("async_rollout_llama_loaded.json", ""),
+            _async_llama_row("async_rollout_llama_t2.json", "`--threads 2`, "),
+        ],
+    ),
+    Table(
+        name="async-transformers",
+        file=BENCH_README,
+        header=[*ASYNC_HEADER, "time in generation / env / waiting (lockstep)"],
+        numeric=[False, True, True, True, False, False, False, False, False, False],
+        rows=[_async_transformers_row("varied"), _async_transformers_row("uniform")],
     ),
 ]
 
