@@ -978,6 +978,62 @@ ASYNC_HEADER = [
 
 
 # ---------------------------------------------------------------------------------------------
+# Zero-shot baseline of the real model (bench_eval_baseline.py)
+# ---------------------------------------------------------------------------------------------
+
+EVAL_IDS = [
+    "Corridor-v0",
+    "Sokoban-v0",
+    "ALFWorld-Synthetic-v0",
+    "WebShop-Synthetic-v0",
+    "SearchQA-Synthetic-v0",
+    "ALFWorld-v0",
+    "WebShop-v0",
+]
+
+
+def _eval_row(env_id: str) -> Row:
+    def cell(v: Results | None, pass_k: bool) -> str:
+        if v is None:
+            return ""
+        text = f"{v['success']:.2f} / {v['invalid_action_rate']:.2f}"
+        if pass_k:
+            text += f", pass@{v['k']} {v['pass@k']:.2f}"
+        tokens = v.get("completion_tokens")
+        tail = f", {tokens:.0f} tok/turn" if tokens is not None else ""
+        return f"{text} ({v['episodes']} ep{tail})"
+
+    def make(d: Results) -> Cells | None:
+        full = f"AgentGym/{env_id}"
+        arms = {a: r["envs"].get(full) for a, r in d.get("arms", {}).items()}
+        if not any(arms.values()):
+            return None
+        split = d.get("env_splits", {}).get(full)
+        return [
+            env_id + (f" ({split})" if split else ""),
+            cell(arms.get("random"), False),
+            cell(arms.get("free-greedy"), False),
+            cell(arms.get("free-sampled"), True),
+            cell(arms.get("scored"), False),
+        ]
+
+    return Row("eval_baseline.json", make)
+
+
+def _eval_caption(load) -> str | None:
+    d = load("eval_baseline.json")
+    if d is None:
+        return None
+    walls = ", ".join(f"{a} {num(r['wall_s'])} s" for a, r in d["arms"].items())
+    return (
+        f"Wall time per arm: {walls} (model load {num(d['model_load_s'])} s; load average "
+        f"{d['load_average_1m_start']:.1f} at the start, {d['load_average_1m_end']:.1f} at the end)."
+        " Cells: success / invalid-action rate (episodes, mean new tokens per turn; for `scored`,"
+        " the tokens of the chosen action, which is scored, not generated)."
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # README.md's Performance table
 # ---------------------------------------------------------------------------------------------
 
@@ -1393,6 +1449,24 @@ TABLES += [
         header=[*ASYNC_HEADER, "time in generation / env / waiting (lockstep)"],
         numeric=[False, True, True, True, False, False, False, False, False, False],
         rows=[_async_transformers_row("varied"), _async_transformers_row("uniform")],
+    ),
+]
+
+
+TABLES += [
+    Table(
+        name="eval-baseline",
+        file=BENCH_README,
+        header=[
+            "env id",
+            "random",
+            "free text, greedy",
+            "free text, temperature 1",
+            "scored admissible, greedy",
+        ],
+        numeric=[False] * 5,
+        rows=[_eval_row(i) for i in EVAL_IDS],
+        caption=_eval_caption,
     ),
 ]
 
