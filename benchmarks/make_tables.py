@@ -1034,6 +1034,35 @@ def _eval_caption(load) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------
+# A real model learning on CPU (bench_real_model_learning.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def _learning_row(method: str, label: str) -> Row:
+    def make(d: Results) -> Cells | None:
+        run = d.get("runs", {}).get(method)
+        if run is None:
+            return None
+        c, n = run["curves"], d["iterations_compared"]
+        evals = [
+            (i, v)
+            for i, v in zip(c["eval_iteration"], c["eval_success_rate"], strict=True)
+            if i <= n
+        ]
+        rollouts = c["success_rate"][:n]
+        first, last = rollouts[:4], rollouts[-4:]
+        return [
+            label,
+            " / ".join(str(i) for i, _ in evals),
+            " / ".join(f"{v:.2f}" for _, v in evals),
+            f"{statistics.mean(first):.2f} -> {statistics.mean(last):.2f} "
+            f"(iterations 1-{len(first)} -> {n - len(last) + 1}-{n})",
+        ]
+
+    return Row("real_model_learning.json", make)
+
+
+# ---------------------------------------------------------------------------------------------
 # README.md's Performance table
 # ---------------------------------------------------------------------------------------------
 
@@ -1467,6 +1496,22 @@ TABLES += [
         numeric=[False] * 5,
         rows=[_eval_row(i) for i in EVAL_IDS],
         caption=_eval_caption,
+    ),
+]
+
+
+TABLES += [
+    Table(
+        name="real-model-learning",
+        file=BENCH_README,
+        header=[
+            "",
+            "held-out evaluation at iteration",
+            "held-out success",
+            "rollout success, first 4 iterations -> last 4 (mean)",
+        ],
+        numeric=[False] * 4,
+        rows=[_learning_row("gigpo", "GiGPO"), _learning_row("grpo", "GRPO")],
     ),
 ]
 
