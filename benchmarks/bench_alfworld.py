@@ -45,6 +45,7 @@ README tables from them.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -117,11 +118,16 @@ def bench_steps_and_resets(root: Path, split: str, seqs, repeats: int) -> dict:
     cpu_seconds: list[dict[str, float]] = []
     mismatches = compared = 0
     clock, cpu_clock = time.perf_counter, time.process_time
+    # both sides share one heap, so a full garbage collection (mostly of stock's objects) would
+    # be paid by whichever call runs when it triggers: collect between the timed sections and
+    # keep the collector off inside them (the script ends on any exception, so no try/finally)
+    gc.disable()
     for r in range(repeats):
         first = (len(stock_step), len(ours_step), len(stock_reset), len(cold_reset))
         cpu = dict.fromkeys(cpu, 0.0)
         for tid, commands in seqs:
             # -- stock (reset reloads and re-translates the game every time)
+            gc.collect()
             stock = StockALFWorld(paths[tid])
             t, c = clock(), cpu_clock()
             s_obs, s_info = stock.reset()
@@ -137,6 +143,7 @@ def bench_steps_and_resets(root: Path, split: str, seqs, repeats: int) -> dict:
             stock.close()
             # -- ours: cold reset (game not parsed yet), warm reset, then the same steps
             clear_game_cache()
+            gc.collect()
             t, c = clock(), cpu_clock()
             obs, info = env.reset(options={"task": tid})
             cold_reset.append(clock() - t)
@@ -171,6 +178,7 @@ def bench_steps_and_resets(root: Path, split: str, seqs, repeats: int) -> dict:
             f"reset {totals['reset_cold'][-1]:.0f}x (CPU {cpu_totals['reset_cold'][-1]:.0f}x)",
             flush=True,
         )
+    gc.enable()
     fresh_step = list(ours_step)  # steps on a game just loaded: no cached operators/texts yet
     # our steps are cheap: replay them more times for a stable median
     for _ in range(9):
@@ -210,6 +218,7 @@ def bench_steps_and_resets(root: Path, split: str, seqs, repeats: int) -> dict:
         "total_cpu_ratios_per_repeat": cpu_totals,
         "cpu_seconds_per_repeat": cpu_seconds,
         "steps_per_repeat": sum(len(c) for _, c in seqs),
+        "garbage_collection": "collected between timed sections, disabled inside them",
         "stock_step_p99_ms": 1e3 * _p99(stock_step),
         "ours_step_fresh_game_p99_ms": 1e3 * _p99(fresh_step),
     }
