@@ -255,9 +255,11 @@ def _alf_caption(source: str, what: str) -> Callable:
             if load_avg
             else ""
         )
+        gc = _alf(d).get("garbage_collection")
         return (
-            f"{what}: {_alf_work(d)}, stock and ours alternating game by game "
-            f"(`results/{source}`, commit {d.get('commit', '?')}{where}):"
+            f"{what}: {_alf_work(d)}, stock and ours alternating game by game"
+            + (f", garbage {gc}" if gc else "")
+            + f" (`results/{source}`, commit {d.get('commit', '?')}{where}):"
         )
 
     return caption
