@@ -29,15 +29,23 @@ Data: ``--data DIR`` or ``$ALFWORLD_DATA`` (the folder holding json_2.1.1); with
 a temporary folder. ``--split valid_train`` gives games our engine was not developed against
 (held-out; ALFWorld's valid_unseen archive is not bundled there).
 
-    python benchmarks/bench_alfworld.py                 # writes benchmarks/results/alfworld.json
-    python benchmarks/bench_alfworld.py --split valid_train --games 8 --steps 30 --skip memory group \
-        --out benchmarks/results/alfworld_valid_train.json
-    python benchmarks/bench_alfworld.py --quick         # a smoke run
+Step and reset totals come in process CPU time too (``time.process_time`` around each call):
+the wall ratio moves with whatever else a shared machine runs, the CPU ratio does not.
+
+    python benchmarks/bench_alfworld.py --games 12 --steps 30 --repeats 3 \
+        --out benchmarks/results/alfworld.json
+    python benchmarks/bench_alfworld.py --split valid_train --games 12 --steps 20 --repeats 5 \
+        --skip memory group --out benchmarks/results/alfworld_valid_train.json
+    python benchmarks/bench_alfworld.py --quick --out /tmp/alfworld.json     # a smoke run
+
+These write the tracked results; ``python benchmarks/make_tables.py`` then regenerates the
+README tables from them.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -104,35 +112,51 @@ def bench_steps_and_resets(root: Path, split: str, seqs, repeats: int) -> dict:
     paths = dict(list_games(root, split))
     stock_step, ours_step, stock_reset, cold_reset, warm_reset = [], [], [], [], []
     totals: dict[str, list[float]] = {"step": [], "episode_cold": [], "reset_cold": []}
+    # the same sums in process CPU time: what the calls cost, whatever else the cores run
+    cpu = {"stock_step": 0.0, "ours_step": 0.0, "stock_reset": 0.0, "ours_reset": 0.0}
+    cpu_totals: dict[str, list[float]] = {"step": [], "episode_cold": [], "reset_cold": []}
+    cpu_seconds: list[dict[str, float]] = []
     mismatches = compared = 0
+    clock, cpu_clock = time.perf_counter, time.process_time
+    # both sides share one heap, so a full garbage collection (mostly of stock's objects) would
+    # be paid by whichever call runs when it triggers: collect between the timed sections and
+    # keep the collector off inside them (the script ends on any exception, so no try/finally)
+    gc.disable()
     for r in range(repeats):
         first = (len(stock_step), len(ours_step), len(stock_reset), len(cold_reset))
+        cpu = dict.fromkeys(cpu, 0.0)
         for tid, commands in seqs:
             # -- stock (reset reloads and re-translates the game every time)
+            gc.collect()
             stock = StockALFWorld(paths[tid])
-            t = time.perf_counter()
+            t, c = clock(), cpu_clock()
             s_obs, s_info = stock.reset()
-            stock_reset.append(time.perf_counter() - t)
+            stock_reset.append(clock() - t)
+            cpu["stock_reset"] += cpu_clock() - c
             stock_out = [(s_obs, s_info["admissible_commands"])]
             for cmd in commands:
-                t = time.perf_counter()
+                t, c = clock(), cpu_clock()
                 s_obs, _, _, s_info = stock.step(cmd)
-                stock_step.append(time.perf_counter() - t)
+                stock_step.append(clock() - t)
+                cpu["stock_step"] += cpu_clock() - c
                 stock_out.append((s_obs, s_info["admissible_commands"]))
             stock.close()
             # -- ours: cold reset (game not parsed yet), warm reset, then the same steps
             clear_game_cache()
-            t = time.perf_counter()
+            gc.collect()
+            t, c = clock(), cpu_clock()
             obs, info = env.reset(options={"task": tid})
-            cold_reset.append(time.perf_counter() - t)
-            t = time.perf_counter()
+            cold_reset.append(clock() - t)
+            cpu["ours_reset"] += cpu_clock() - c
+            t = clock()
             obs, info = env.reset(options={"task": tid})
-            warm_reset.append(time.perf_counter() - t)
+            warm_reset.append(clock() - t)
             ours_out = [(obs, info["admissible_actions"])]
             for cmd in commands:
-                t = time.perf_counter()
+                t, c = clock(), cpu_clock()
                 obs, _, _, _, info = env.step(cmd)
-                ours_step.append(time.perf_counter() - t)
+                ours_step.append(clock() - t)
+                cpu["ours_step"] += cpu_clock() - c
                 ours_out.append((obs, info["admissible_actions"]))
             compared += len(ours_out)
             mismatches += sum(a != b for a, b in zip(ours_out, stock_out, strict=True))
@@ -142,11 +166,19 @@ def bench_steps_and_resets(root: Path, split: str, seqs, repeats: int) -> dict:
         totals["step"].append(s_steps / o_steps)
         totals["reset_cold"].append(s_resets / o_resets)
         totals["episode_cold"].append((s_steps + s_resets) / (o_steps + o_resets))
+        cpu_seconds.append(dict(cpu))
+        cpu_totals["step"].append(cpu["stock_step"] / cpu["ours_step"])
+        cpu_totals["reset_cold"].append(cpu["stock_reset"] / cpu["ours_reset"])
+        cpu_totals["episode_cold"].append(
+            (cpu["stock_step"] + cpu["stock_reset"]) / (cpu["ours_step"] + cpu["ours_reset"])
+        )
         print(
             f"  repeat {r + 1}/{repeats}: {len(stock_step)} stock steps so far; total-time "
-            f"ratios step {totals['step'][-1]:.0f}x, reset {totals['reset_cold'][-1]:.0f}x",
+            f"ratios step {totals['step'][-1]:.0f}x (CPU {cpu_totals['step'][-1]:.0f}x), "
+            f"reset {totals['reset_cold'][-1]:.0f}x (CPU {cpu_totals['reset_cold'][-1]:.0f}x)",
             flush=True,
         )
+    gc.enable()
     fresh_step = list(ours_step)  # steps on a game just loaded: no cached operators/texts yet
     # our steps are cheap: replay them more times for a stable median
     for _ in range(9):
@@ -179,6 +211,14 @@ def bench_steps_and_resets(root: Path, split: str, seqs, repeats: int) -> dict:
         "reset_cold_total_time_ratio": med(totals["reset_cold"]),
         "episode_total_time_ratio": med(totals["episode_cold"]),
         "total_time_ratios_per_repeat": totals,
+        # the same ratios in process CPU time (time.process_time around each call)
+        "step_total_cpu_ratio": med(cpu_totals["step"]),
+        "reset_cold_total_cpu_ratio": med(cpu_totals["reset_cold"]),
+        "episode_total_cpu_ratio": med(cpu_totals["episode_cold"]),
+        "total_cpu_ratios_per_repeat": cpu_totals,
+        "cpu_seconds_per_repeat": cpu_seconds,
+        "steps_per_repeat": sum(len(c) for _, c in seqs),
+        "garbage_collection": "collected between timed sections, disabled inside them",
         "stock_step_p99_ms": 1e3 * _p99(stock_step),
         "ours_step_fresh_game_p99_ms": 1e3 * _p99(fresh_step),
     }
