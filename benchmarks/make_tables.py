@@ -1145,6 +1145,85 @@ def _perf_searchr1(d: Results) -> Cells | None:
     ]
 
 
+def _per_repeat_ratios(peer: Sequence[float], ours: Sequence[float]) -> list[float]:
+    return [a / b for a, b in zip(peer, ours, strict=True)]
+
+
+def _perf_sr1_servers(d: Results) -> Cells | None:
+    """Server against server, BM25 (``bench_searchr1.py --servers``): per client count, the
+    server-CPU and total-time ratios with each repeat's."""
+    b = d.get("by_clients")
+    if not b:
+        return None
+    counts = sorted(b, key=int)
+    top = d["same_top_k"]["10"]
+
+    def ratios(key: str) -> str:
+        return "; ".join(
+            f"{n} clients: "
+            + ratio_cell(
+                b[n][f"ratio_{'server_cpu' if key == 'server_cpu_s' else 'total_time'}"],
+                _per_repeat_ratios(b[n]["runs"]["search_r1"][key], b[n]["runs"]["ours"][key]),
+                bold=True,
+            )
+            for n in counts
+        )
+
+    return [
+        "Retrieval server, BM25: Search-R1's own `retrieval_server.py` (Lucene via pyserini) "
+        "against `agentgym retrieval serve`, server against server",
+        f"{b[counts[0]]['requests']:,} requests per window at "
+        f"{' / '.join(counts)} concurrent clients, {d['settings']['repeats']} repeats, "
+        f"{d['settings']['passages']:,} passages; same top-10 on {top['identical_lists']} of "
+        f"{top['queries']} queries",
+        "p50 latency: "
+        + "; ".join(
+            f"{n}: {ms(b[n]['latency_p50_ms_median']['search_r1'])} / "
+            f"{ms(b[n]['latency_p50_ms_median']['ours'])} ms"
+            for n in counts
+        ),
+        "server CPU " + ratios("server_cpu_s"),
+        ratios("total_s"),
+        command(d["command"]),
+    ]
+
+
+def _perf_sr1_dense(d: Results) -> Cells | None:
+    """Dense search side by side (``bench_searchr1_dense.py``), per queries per turn."""
+    b = d.get("by_batch_size")
+    if not b:
+        return None
+    sizes = sorted(b, key=int)
+    top = d["same_top_k"]["10"]
+
+    def ratios(key: str, ratio: str) -> str:
+        return "; ".join(
+            f"{n} per turn: "
+            + ratio_cell(
+                b[n][ratio],
+                _per_repeat_ratios(b[n]["runs"][key]["search_r1"], b[n]["runs"][key]["ours"]),
+            )
+            for n in sizes
+        )
+
+    return [
+        "Dense retrieval, the same encoder (all-MiniLM-L6-v2) and a flat index: Search-R1's own "
+        "`index_builder.py` + `retrieval_server.py` against ours (sentence-transformers + FAISS)",
+        f"{d['settings']['queries']} queries, {d['settings']['passages']:,} passages, "
+        f"{d['settings']['repeats']} repeats; same top-10 on {top['identical_lists']} of "
+        f"{top['queries']} queries",
+        "per turn: "
+        + "; ".join(
+            f"{n}: {ms(b[n]['per_turn_ms_median']['search_r1'])} / "
+            f"{ms(b[n]['per_turn_ms_median']['ours'])} ms"
+            for n in sizes
+        ),
+        "server CPU " + ratios("server_cpu_s", "ratio_server_cpu"),
+        ratios("total_s", "ratio_total_time"),
+        command(d["command"]),
+    ]
+
+
 # ---------------------------------------------------------------------------------------------
 # The tables
 # ---------------------------------------------------------------------------------------------
@@ -1168,6 +1247,8 @@ TABLES: list[Table] = [
             Row(WEBSHOP_VS_STOCK, _perf_webshop),
             Row(ALFWORLD_HELD_OUT, _perf_alfworld),
             Row(SEARCHR1, _perf_searchr1),
+            Row("searchr1_server.json", _perf_sr1_servers),
+            Row("searchr1_dense.json", _perf_sr1_dense),
             # a further peer is one more Row(json name, function to the six cells); a row
             # whose JSON has not been written yet is left out
         ],
