@@ -7,10 +7,71 @@ need it skip cleanly when it is absent. Nothing from it is ever copied into the 
 from __future__ import annotations
 
 import os
+import shutil
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# The user's own cache, as it was before the session pointed $AGENTGYM_CACHE elsewhere.
+_user_cache = os.environ.get("AGENTGYM_CACHE")
+_user_models: Path | None = None
+_session_cache: str | None = None
+
+
+def pytest_configure(config):
+    """Keep the suite out of the user's caches: for the session, ``$AGENTGYM_CACHE`` (every
+    agentgym cache, and the env of every subprocess a test starts) is a temporary folder,
+    removed at the end."""
+    global _session_cache, _user_models
+    from agentgym.models import models_cache_dir
+
+    _user_models = models_cache_dir()
+    _session_cache = tempfile.mkdtemp(prefix="agentgym-test-cache-")
+    os.environ["AGENTGYM_CACHE"] = _session_cache
+
+
+def pytest_unconfigure(config):
+    if _session_cache is not None:
+        shutil.rmtree(_session_cache, ignore_errors=True)
+        if _user_cache is None:
+            os.environ.pop("AGENTGYM_CACHE", None)
+        else:
+            os.environ["AGENTGYM_CACHE"] = _user_cache
+
+
+def pytest_collection(session):
+    """With ``-q`` pytest prints nothing until every test file is imported (torch, transformers,
+    gradio: tens of seconds on a busy machine); say what is happening at once."""
+    config = session.config
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and config.option.verbose < 0 and not config.option.collectonly:
+        reporter.write_line("collecting tests (importing torch, transformers, openenv) ...")
+
+
+def pytest_collection_finish(session):
+    config = session.config
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and config.option.verbose < 0 and not config.option.collectonly:
+        reporter.write_line(f"running {len(session.items)} tests")
+
+
+# Fixtures whose tests run the real SmolLM2, or read real benchmark data: such tests carry the
+# marker even where their file does not say so, so that -m "not realmodel" skips them all.
+REALMODEL_FIXTURES = {"smollm2_path", "smollm2_policy", "smollm2_server"}
+REALDATA_FIXTURES = {"alfworld_real_root", "webshop_real_data", "minilm_dir"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & REALMODEL_FIXTURES:
+            item.add_marker(pytest.mark.realmodel)
+        if used & REALDATA_FIXTURES:
+            item.add_marker(pytest.mark.realdata)
+
 
 SHARED_DATA = Path(
     os.environ.get(
@@ -145,11 +206,16 @@ def make(request, monkeypatch):
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
-    """The real SmolLM2-135M-Instruct as a transformers folder (converted once, cached); skips
-    the test, naming the install command, when its package is absent."""
-    from agentgym.models import ModelNotAvailable, model_path
+    """The real SmolLM2-135M-Instruct as a transformers folder; skips the test, naming the
+    install command, when its package is absent. A conversion already in the user's cache is
+    read in place (never written); otherwise it is converted once into the session's cache."""
+    from agentgym import models
 
+    if _user_models is not None:
+        done = _user_models / models.KNOWN_MODELS["smollm2-135m"].folder / models._DONE_MARKER
+        if done.is_file():
+            return models.model_path("smollm2-135m", cache_dir=_user_models, quiet=True)
     try:
-        return model_path("smollm2-135m")
-    except ModelNotAvailable as exc:
+        return models.model_path("smollm2-135m")
+    except models.ModelNotAvailable as exc:
         pytest.skip(str(exc))

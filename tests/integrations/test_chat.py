@@ -21,7 +21,6 @@ import torch
 
 from agentgym.integrations.chat import EPISODE, PER_TURN, ChatTurns
 from agentgym.integrations.verl import EpisodeRunner, build_dataset, episode_spec
-from agentgym.models import ModelNotAvailable, model_path
 from agentgym.wrappers.llm import make_llm_env
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -94,14 +93,10 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def smollm2_tokenizer():
+def smollm2_tokenizer(smollm2_path):
     from transformers import AutoTokenizer
 
-    try:
-        path = model_path("smollm2-135m")
-    except ModelNotAvailable as exc:
-        pytest.skip(f"SmolLM2 not available: {exc}")
-    return AutoTokenizer.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(smollm2_path)
 
 
 def template_tokenizer(base, name: str):
@@ -222,7 +217,7 @@ def test_a_template_without_a_known_turn_end_says_what_to_do(smollm2_tokenizer):
     assert "\n" not in str(info.value)
 
 
-def test_trl_rollout_keeps_sampling_and_training_sequences_equal(smollm2_tokenizer):
+def test_trl_rollout_keeps_sampling_and_training_sequences_equal(smollm2_tokenizer, smollm2_path):
     """TRL's rollout_func with the real SmolLM2 model and Qwen3's template (which re-renders
     earlier turns): one sequence per episode, whose model tokens have, in the trained sequence,
     exactly the log-probs they were sampled with."""
@@ -234,7 +229,7 @@ def test_trl_rollout_keeps_sampling_and_training_sequences_equal(smollm2_tokeniz
     from agentgym.integrations.trl import build_dataset as trl_dataset
 
     tok, end_ids, kwargs, _ = template_tokenizer(smollm2_tokenizer, "qwen3")
-    model = AutoModelForCausalLM.from_pretrained(model_path("smollm2-135m"))
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path)
     model.resize_token_embeddings(len(tok), mean_resizing=False)
     model.train()
     torch.manual_seed(0)
