@@ -315,3 +315,25 @@ def test_stream_is_refused_where_nothing_is_streamed(tmp_path, capsys):
     argv += ["--policy", "scored", "--tokenizer", "x", "--out-dir", str(tmp_path)]
     assert main(argv) == 2
     assert "--stream" in capsys.readouterr().err
+
+
+def test_transformers_serve_streams_the_reply_it_gives_unstreamed(smollm2_server):
+    msgs = [{"role": "user", "content": "Say hello in three words."}]
+    params = SamplingParams(temperature=0, max_tokens=8)
+
+    async def both():
+        outs = []
+        for stream in (False, True):
+            policy = OpenAIChatPolicy(smollm2_server, retries=0, timeout=120, stream=stream)
+            try:
+                outs.append(await policy.act(msgs, params))
+            finally:
+                await policy.aclose()
+        return outs
+
+    plain, streamed = asyncio.run(both())
+    assert plain.error is None and streamed.error is None, (plain.error, streamed.error)
+    assert streamed.text == plain.text and streamed.text
+    assert streamed.finish_reason == plain.finish_reason
+    assert streamed.prompt_tokens == plain.prompt_tokens is not None
+    assert streamed.completion_tokens == plain.completion_tokens is not None
