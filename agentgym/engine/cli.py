@@ -175,6 +175,11 @@ def _build_policy(args: argparse.Namespace):
         TransformersPolicy,
     )
 
+    if args.stream and (args.model is not None or args.policy == "scored"):
+        raise ValueError(
+            "--stream streams chat replies from a server: use it with --base-url or "
+            "--llama-server and the free policy"
+        )
     if args.model is not None:
         folder = _model_folder(args.model)
         threads = set_compute_threads(args.threads)
@@ -203,7 +208,12 @@ def _build_policy(args: argparse.Namespace):
         )
         return ScoredActionPolicy(scorer, reduce=args.reduce, seed=args.seed)
     return OpenAIChatPolicy(
-        args.base_url, args.api_key, args.served_model, timeout=args.timeout, retries=args.retries
+        args.base_url,
+        args.api_key,
+        args.served_model,
+        timeout=args.timeout,
+        retries=args.retries,
+        stream=args.stream,
     )
 
 
@@ -659,6 +669,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=_seconds, default=120.0, help="seconds per request (120)")
     p.add_argument("--retries", type=_non_negative_int, default=2, help="retries per request (2)")
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="with --base-url: stream each reply (server-sent events), so a server that stops "
+        "generating only for streamed requests (transformers serve) stops when a request is "
+        "abandoned at --timeout; the results are the same",
+    )
     p.add_argument("--device", default="auto", help="with --model: auto, cpu, cuda:0 ...")
     p.add_argument(
         "--threads",

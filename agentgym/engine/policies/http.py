@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +43,93 @@ MAX_RETRY_AFTER_S = 60.0
 
 class _ReplyTooLarge(Exception):
     """The reply body passed the size limit (the connection is dropped, the rest unread)."""
+
+
+class _StreamError(Exception):
+    """A streamed reply carried an ``error`` event (the server failed mid-reply)."""
+
+
+def _sse_data(raw: bytes) -> list[str]:
+    """The ``data`` of each server-sent event in ``raw``, in order (``\\n``, ``\\r\\n`` or
+    ``\\r`` line ends; ``:`` comment lines and other fields skipped; several ``data`` lines of
+    one event joined by ``\\n``; a last event without its blank line kept)."""
+    events, lines = [], []
+    # not str.splitlines: it also splits at U+2028 and others, which JSON strings may hold raw
+    for line in re.split(r"\r\n|\r|\n", raw.decode("utf-8")):
+        if not line:
+            if lines:
+                events.append("\n".join(lines))
+            lines = []
+            continue
+        field, _, value = line.partition(":")
+        if field == "data":
+            lines.append(value[1:] if value.startswith(" ") else value)
+    if lines:
+        events.append("\n".join(lines))
+    return events
+
+
+def _merge_stream(raw: bytes) -> dict[str, Any]:
+    """The non-streamed chat completion body equivalent to a streamed one.
+
+    ``raw`` is the ``text/event-stream`` body: ``data: {chunk}`` events ending with
+    ``data: [DONE]`` (a stream that ends without it is read as far as it goes). Choice 0's
+    ``delta.content`` pieces are joined into ``message.content``, its ``logprobs.content``
+    entries are concatenated in order into ``logprobs.content`` (unchanged, so
+    :func:`_chat_logprobs` reads them as it reads a non-streamed reply's), the last non-null
+    ``finish_reason`` and the last ``usage`` object (the final chunk's, with
+    ``stream_options.include_usage``) are kept. When some chunk carries text without
+    log-probs the log-probs are dropped (``logprobs: null``): a partial list would pair
+    log-probs with the wrong tokens. ``choices`` is empty when no chunk had a choice 0.
+
+    Raises:
+        _StreamError: an event is ``{"error": ...}`` (vLLM and ``transformers serve`` report a
+            failure after the 200 status this way).
+        json.JSONDecodeError, UnicodeDecodeError: an event is not JSON.
+    """
+    text: list[str] = []
+    items: list[Any] = []
+    complete = True  # every piece of text came with its log-probs
+    seen, finish, usage = False, None, None
+    for data in _sse_data(raw):
+        if data.strip() == "[DONE]":
+            break
+        chunk = json.loads(data)
+        if not isinstance(chunk, dict):
+            raise json.JSONDecodeError("an event is not a JSON object", data, 0)
+        if "error" in chunk:
+            raise _StreamError(str(chunk["error"])[:200])
+        if isinstance(chunk.get("usage"), dict):
+            usage = chunk["usage"]
+        choices = chunk.get("choices")
+        choice = (
+            next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None)
+            if isinstance(choices, list)
+            else None
+        )
+        if choice is None:
+            continue
+        seen = True
+        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+        piece = delta.get("content")
+        if isinstance(piece, str):
+            text.append(piece)
+        block = choice.get("logprobs")
+        entries = block.get("content") if isinstance(block, dict) else None
+        if isinstance(entries, list):
+            items.extend(entries)
+        elif piece:
+            complete = False
+        if choice.get("finish_reason") is not None:
+            finish = choice["finish_reason"]
+    body: dict[str, Any] = {"choices": [], "usage": usage}
+    if seen:
+        message = {"role": "assistant", "content": "".join(text)}
+        logprobs = {"content": items} if complete and items else None
+        body["choices"].append(
+            {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
+        )
+    return body
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -138,7 +226,12 @@ class _HTTPClient:
         trickling bytes is cut off at the deadline). Connection errors, timeouts, unreadable
         replies and 5xx/429 answers are retried with exponential backoff, or after the server's
         ``Retry-After`` where it sends one; a 4xx other than 429 and a reply over the size limit
-        are not retried."""
+        are not retried.
+
+        A ``text/event-stream`` reply (a request sent with ``"stream": true``) is read to its
+        end within the same deadline and size limit, counted in streamed bytes, and merged into
+        the body a non-streamed request gets (:func:`_merge_stream`); an ``error`` event in it
+        is an unreadable reply."""
         httpx = self._httpx
         url = f"{self.base_url}{path}"
         error, kind = "no attempt", "connection"
@@ -169,7 +262,13 @@ class _HTTPClient:
                     continue
                 return None, error, kind, attempt
             try:
-                data = json.loads(raw)
+                if headers.get("content-type", "").startswith("text/event-stream"):
+                    data = _merge_stream(raw)
+                else:
+                    data = json.loads(raw)
+            except _StreamError as exc:
+                error, kind = f"error event in the stream from {url}: {exc}", "bad_response"
+                continue
             except (json.JSONDecodeError, UnicodeDecodeError):
                 snippet = raw[:120].decode("utf-8", "replace").replace("\n", " ")
                 error, kind = f"unreadable JSON from {url}: {snippet!r}", "bad_response"
@@ -232,7 +331,15 @@ class OpenAIChatPolicy(Policy):
             log-probs of the model's distribution before temperature and top-p (the local
             policy records them at the sampling temperature: the same at temperature 1).
         max_reply_bytes: replies larger than this (after decompression) are not read; the turn
-            fails with ``error_kind="bad_response"``.
+            fails with ``error_kind="bad_response"``. A streamed reply counts its streamed
+            bytes (the events, a few times the text's size with log-probs).
+        stream: send ``"stream": true`` (with ``stream_options.include_usage``) and read the
+            server-sent events. The returned :class:`PolicyOutput` is the same as without it
+            (text, token ids, log-probs, finish reason, usage). What it changes is what the
+            server does with an abandoned request (the deadline passed, the episode
+            cancelled): the client hangs up either way, but ``transformers serve`` stops
+            generating only for a streamed request, and otherwise goes on generating the
+            abandoned reply. Off by default: vLLM and llama.cpp stop either way.
 
     A 4xx answer other than 429 before any request has succeeded (a wrong ``model`` name, a
     wrong path, a refused key) raises :class:`PolicyUnavailable`: every later turn would get the
@@ -251,11 +358,13 @@ class OpenAIChatPolicy(Policy):
         logprobs: bool = True,
         max_connections: int = 256,
         max_reply_bytes: int = MAX_REPLY_BYTES,
+        stream: bool = False,
     ):
         self.http = _HTTPClient(
             base_url, api_key, model, timeout, retries, backoff, max_connections, max_reply_bytes
         )
         self.logprobs = logprobs
+        self.stream = stream
         self._answered = False  # a request has succeeded: a later 4xx is that turn's failure
         # vLLM's extension field; strict servers (transformers serve) answer 422 to unknown
         # fields, so it is dropped for good after the first such answer.
@@ -279,6 +388,8 @@ class OpenAIChatPolicy(Policy):
             body.update(logprobs=True, top_logprobs=1)
         if self._token_ids_field:
             body["return_tokens_as_token_ids"] = True
+        if self.stream:
+            body.update(stream=True, stream_options={"include_usage": True})
         data, error, kind, attempts = await self.http.post("/chat/completions", body)
         if (
             data is None
@@ -338,7 +449,12 @@ class OpenAIChatPolicy(Policy):
         await self.http.aclose()
 
     def describe(self) -> dict[str, Any]:
-        return {"policy": "openai-chat", "base_url": self.http.base_url, "model": self.http.model}
+        return {
+            "policy": "openai-chat",
+            "base_url": self.http.base_url,
+            "model": self.http.model,
+            "stream": self.stream,
+        }
 
 
 def _chat_logprobs(block: Any) -> tuple[list[int] | None, list[float] | None]:
