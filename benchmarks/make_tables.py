@@ -1160,7 +1160,7 @@ def _perf_sr1_servers(d: Results) -> Cells | None:
 
     def ratios(key: str) -> str:
         return "; ".join(
-            f"{n} clients: "
+            f"{n} client{'' if n == '1' else 's'}: "
             + ratio_cell(
                 b[n][f"ratio_{'server_cpu' if key == 'server_cpu_s' else 'total_time'}"],
                 _per_repeat_ratios(b[n]["runs"]["search_r1"][key], b[n]["runs"]["ours"][key]),
@@ -1597,6 +1597,26 @@ TABLES += [
         ],
         numeric=[False] * 4,
         rows=[_learning_row("gigpo", "GiGPO"), _learning_row("grpo", "GRPO")],
+    ),
+]
+
+
+def _threads_row(threads: str) -> Row:
+    def make(d: Results) -> Cells | None:
+        t = d.get("per_token", {}).get(threads)
+        if t is None:
+            return None
+        return [threads, f"{num(t['wall_s_median'])} s", f"{num(t['cpu_s_median'])} s"]
+
+    return Row("cpu_threads.json", make)
+
+
+TABLES += [
+    Table(
+        name="cpu-threads",
+        file=BENCH_README,
+        header=["torch threads", "wall per token", "CPU per token"],
+        rows=[_threads_row("1"), _threads_row("2")],
     ),
 ]
 
