@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tarfile
 import tempfile
 from pathlib import Path
@@ -27,9 +28,30 @@ def pytest_configure(config):
     global _session_cache, _user_models
     from agentgym.models import models_cache_dir
 
+    # A shell starts background jobs (`cmd &`, nohup) with SIGINT ignored, and Python then
+    # never installs its KeyboardInterrupt handler; every subprocess inherits the ignore. The
+    # Ctrl-C tests (in-process, and SIGINT sent to an `agentgym eval` child) need it back.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     _user_models = models_cache_dir()
     _session_cache = tempfile.mkdtemp(prefix="agentgym-test-cache-")
     os.environ["AGENTGYM_CACHE"] = _session_cache
+    _link_user_smollm2(Path(_session_cache) / "models")
+
+
+def _link_user_smollm2(session_models: Path) -> None:
+    """A SmolLM2 conversion already in the user's cache is linked into the session's, so every
+    path to it (fixtures, ``agentgym models get``, subprocesses) names the same folder and none
+    converts it again (38 s of CPU); a finished conversion is only read, so the link never
+    writes into the user's cache (and removing the session's cache removes the link only)."""
+    from agentgym import models
+
+    folder = models.KNOWN_MODELS["smollm2-135m"].folder
+    user = _user_models / folder if _user_models is not None else None
+    if user is None or not (user / models._DONE_MARKER).is_file():
+        return
+    session_models.mkdir(parents=True, exist_ok=True)
+    (session_models / folder).symlink_to(user, target_is_directory=True)
 
 
 def pytest_unconfigure(config):
@@ -208,13 +230,10 @@ def make(request, monkeypatch):
 def smollm2_path() -> Path:
     """The real SmolLM2-135M-Instruct as a transformers folder; skips the test, naming the
     install command, when its package is absent. A conversion already in the user's cache is
-    read in place (never written); otherwise it is converted once into the session's cache."""
+    read in place through a link (never written); otherwise it is converted once into the
+    session's cache."""
     from agentgym import models
 
-    if _user_models is not None:
-        done = _user_models / models.KNOWN_MODELS["smollm2-135m"].folder / models._DONE_MARKER
-        if done.is_file():
-            return models.model_path("smollm2-135m", cache_dir=_user_models, quiet=True)
     try:
         return models.model_path("smollm2-135m")
     except models.ModelNotAvailable as exc:
