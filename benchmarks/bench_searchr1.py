@@ -83,6 +83,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -502,28 +503,13 @@ def main_servers(args) -> int:
         pids = {n: p.pid for n, p in procs.items()}
         same_top_k, by_clients = bench_servers(urls, pids, queries, args)
     finally:
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=30)
-        log.close()
-        server_log = (work / "servers.log").read_text()[-2000:]
-        shutil.rmtree(work, ignore_errors=True)
-        if sys.exc_info()[0] is not None:
-            print("index builds / servers' output:\n" + server_log, file=sys.stderr)
+        server_log = stop_servers(procs, log, work)
 
     import pyserini
 
     report = {
         "benchmark": "searchr1_server",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "python": platform.python_version(),
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "load_average_1min_before_after": [load_before, os.getloadavg()[0]],
-        },
+        **run_header(load_before),
         "versions": {
             "agentgym": agentgym.__version__,
             "pyserini": getattr(pyserini, "__version__", "?"),
@@ -551,13 +537,46 @@ def main_servers(args) -> int:
         "by_clients": by_clients,
         "servers_log_tail": server_log[-500:],
     }
-    out = args.out or RESULTS.with_name("searchr1_server.json")
+    write_report(report, args.out or RESULTS.with_name("searchr1_server.json"))
+    return 0
+
+
+def stop_servers(procs: dict[str, subprocess.Popen], log: Any, work: Path) -> str:
+    """Stop the benchmark's server processes, close their shared ``log`` and remove ``work``;
+    the log's tail, printed when an exception is on its way out (the servers' side of it)."""
+    for proc in procs.values():
+        proc.terminate()
+    for proc in procs.values():
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+    log.close()
+    server_log = (work / "servers.log").read_text()[-2000:]
+    shutil.rmtree(work, ignore_errors=True)
+    if sys.exc_info()[0] is not None:
+        print("index builds / servers' output:\n" + server_log, file=sys.stderr)
+    return server_log
+
+
+def run_header(load_before: float) -> dict[str, Any]:
+    """The command, Python and machine fields every results file of these benchmarks starts with."""
+    return {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "python": platform.python_version(),
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_average_1min_before_after": [load_before, os.getloadavg()[0]],
+        },
+    }
+
+
+def write_report(report: dict[str, Any], out: Path) -> None:
+    """Write ``report`` to ``out`` whole or not at all (a temporary file, then a rename)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = out.with_suffix(".json.tmp")
     tmp_out.write_text(json.dumps(report, indent=1) + "\n")
     os.replace(tmp_out, out)
     print(f"wrote {out}")
-    return 0
 
 
 def _commit(checkout: Path) -> str:
@@ -750,13 +769,7 @@ def main() -> int:
     ).stdout.strip()
     report = {
         "benchmark": "searchr1",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "python": platform.python_version(),
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "load_average_1min_before_after": [load_before, os.getloadavg()[0]],
-        },
+        **run_header(load_before),
         "versions": {
             "agentgym": agentgym.__version__,
             "bm25s": bm25s.__version__,
@@ -776,11 +789,7 @@ def main() -> int:
         "by_batch_size": per_batch,
         "search_r1_server_log_tail": server_log[-500:],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(report, indent=1) + "\n")
-    os.replace(tmp_out, args.out)
-    print(f"wrote {args.out}")
+    write_report(report, args.out)
     return 0
 
 

@@ -42,11 +42,9 @@ Writes ``benchmarks/results/searchr1_dense.json``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import os
-import platform
 import resource
 import shutil
 import statistics
@@ -69,10 +67,13 @@ from bench_searchr1 import (  # noqa: E402
     build_ours,
     compare_top_k,
     cpu_seconds,
+    run_header,
     search_r1_batch_search,
     start_ours,
+    stop_servers,
     top_k_lists,
     wait_for_retrieve,
+    write_report,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -312,16 +313,7 @@ def main() -> int:
                 flush=True,
             )
     finally:
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=30)
-        log.close()
-        server_log = (work / "servers.log").read_text()[-2000:]
-        shutil.rmtree(work, ignore_errors=True)
-        if sys.exc_info()[0] is not None:
-            print("index builds / servers' output:\n" + server_log, file=sys.stderr)
+        server_log = stop_servers(procs, log, work)
 
     import faiss
     import sentence_transformers
@@ -330,13 +322,7 @@ def main() -> int:
 
     report = {
         "benchmark": "searchr1_dense",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "python": platform.python_version(),
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "load_average_1min_before_after": [load_before, os.getloadavg()[0]],
-        },
+        **run_header(load_before),
         "versions": {
             "agentgym": agentgym.__version__,
             "torch": torch.__version__,
@@ -364,11 +350,7 @@ def main() -> int:
         "by_batch_size": by_batch,
         "servers_log_tail": server_log[-500:],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(report, indent=1) + "\n")
-    os.replace(tmp_out, args.out)
-    print(f"wrote {args.out}")
+    write_report(report, args.out)
     return 0
 
 
