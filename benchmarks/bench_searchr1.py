@@ -469,29 +469,14 @@ def bench_servers(
 def main_servers(args) -> int:
     """``--servers``: Search-R1's retrieval_server.py against ``agentgym retrieval serve``."""
     import agentgym
-    from agentgym.envs.searchqa import SearchQAEnv
-    from agentgym.envs.searchqa.synthetic import write_search_r1_files
     from agentgym.retrieval.java import ensure_java
-    from agentgym.retrieval.sparse import BM25Retriever
 
     load_before = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="bench-searchr1-servers-"))
     log = open(work / "servers.log", "w")  # noqa: SIM115 - closed in finally
     procs: dict[str, subprocess.Popen] = {}
     try:
-        docs = _corpus(args.corpus_size)
-        corpus = work / "corpus" / "corpus.jsonl"
-        corpus.parent.mkdir()
-        with open(corpus, "w") as f:
-            for doc in docs:
-                f.write(json.dumps(doc) + "\n")
-        write_search_r1_files(work)
-        # the scripted searcher's queries, as the other modes use
-        env = SearchQAEnv(
-            data=work / "test.parquet", retriever=BM25Retriever.from_documents(docs),
-            max_episode_steps=CAP,
-        )  # fmt: skip
-        queries: list[str] = play_timed(env, env.num_tasks)["queries"]  # type: ignore[assignment]
+        docs, corpus, queries = corpus_and_queries(work, args.corpus_size, "corpus/corpus.jsonl")
         java_home = ensure_java()
         print(f"{len(docs):,} passages, {len(queries)} queries; building both indexes", flush=True)
         procs["search_r1"], url_theirs = _start_server(args.search_r1, work, java_home, log)
@@ -539,6 +524,31 @@ def main_servers(args) -> int:
     }
     write_report(report, args.out or RESULTS.with_name("searchr1_server.json"))
     return 0
+
+
+def corpus_and_queries(
+    work: Path, corpus_size: int, corpus_name: str
+) -> tuple[list[dict], Path, list[str]]:
+    """The generated corpus written to ``work / corpus_name`` (JSON lines) with Search-R1's
+    question files beside it, and the scripted searcher's queries over it, as every mode uses:
+    (documents, corpus file, queries)."""
+    from agentgym.envs.searchqa import SearchQAEnv
+    from agentgym.envs.searchqa.synthetic import write_search_r1_files
+    from agentgym.retrieval.sparse import BM25Retriever
+
+    docs = _corpus(corpus_size)
+    corpus = work / corpus_name
+    corpus.parent.mkdir(parents=True, exist_ok=True)
+    with open(corpus, "w") as f:
+        for doc in docs:
+            f.write(json.dumps(doc) + "\n")
+    write_search_r1_files(work)
+    env = SearchQAEnv(
+        data=work / "test.parquet", retriever=BM25Retriever.from_documents(docs),
+        max_episode_steps=CAP,
+    )  # fmt: skip
+    queries: list[str] = play_timed(env, env.num_tasks)["queries"]  # type: ignore[assignment]
+    return docs, corpus, queries
 
 
 def stop_servers(procs: dict[str, subprocess.Popen], log: Any, work: Path) -> str:

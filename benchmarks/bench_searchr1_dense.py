@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import resource
 import shutil
@@ -57,7 +56,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_searchqa import CAP, _corpus, play_timed  # noqa: E402
 from bench_searchr1 import (  # noqa: E402
     CLIENT_FILE,
     SERVER_FILE,
@@ -66,6 +64,7 @@ from bench_searchr1 import (  # noqa: E402
     _median_ratio,
     build_ours,
     compare_top_k,
+    corpus_and_queries,
     cpu_seconds,
     run_header,
     search_r1_batch_search,
@@ -176,9 +175,6 @@ def main() -> int:
     import requests
 
     import agentgym
-    from agentgym.envs.searchqa import SearchQAEnv
-    from agentgym.envs.searchqa.synthetic import write_search_r1_files
-    from agentgym.retrieval.sparse import BM25Retriever
 
     load_before = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="bench-searchr1-dense-"))
@@ -189,17 +185,7 @@ def main() -> int:
            "HF_DATASETS_CACHE": str(work / "hf-datasets")}  # fmt: skip
     procs: dict[str, subprocess.Popen] = {}
     try:
-        docs = _corpus(args.corpus_size)
-        corpus = work / "corpus.jsonl"
-        with open(corpus, "w") as f:
-            for doc in docs:
-                f.write(json.dumps(doc) + "\n")
-        write_search_r1_files(work)
-        play_env = SearchQAEnv(
-            data=work / "test.parquet", retriever=BM25Retriever.from_documents(docs),
-            max_episode_steps=CAP,
-        )  # fmt: skip
-        queries: list[str] = play_timed(play_env, play_env.num_tasks)["queries"]  # type: ignore[assignment]
+        docs, corpus, queries = corpus_and_queries(work, args.corpus_size, "corpus.jsonl")
         theirs_dir = work / "search_r1"  # outside the repository, deleted afterwards
         theirs_dir.mkdir()
         for name in (SERVER_FILE, BUILDER_FILE):
