@@ -26,6 +26,7 @@ other episodes of a lockstep round).
     python benchmarks/bench_async_rollout.py --server llama --llama-server PATH   # ~10 min
     python benchmarks/bench_async_rollout.py --server transformers                # ~6-10 min
     python benchmarks/bench_async_rollout.py --server llama --quick               # a smoke run
+    python benchmarks/bench_async_rollout.py --server llama --model F16.gguf ...  # another GGUF
 """
 
 from __future__ import annotations
@@ -70,16 +71,17 @@ def cpu_seconds(pid: int) -> float:
 
 
 def start_llama(
-    binary: str, slots: int, threads: int, log: Path, extra: list[str]
+    binary: str, model: str | None, slots: int, threads: int, log: Path, extra: list[str]
 ) -> tuple[Any, str, list]:
-    """``llama-server`` with the suite's GGUF on loopback; (server, base URL, the command)."""
+    """``llama-server`` on loopback with ``model`` (a GGUF file; None: the suite's SmolLM2
+    GGUF); (server, base URL, the command)."""
     from agentgym.engine import LlamaServer, LlamaServerError
 
     # no prompt cache in RAM, and slots that can be erased: every run starts cold, so neither
     # arm reuses the prompts the other arm's run (the same greedy episodes) left behind
     cold = ["--cache-ram", "0", "--slot-save-path", str(log.parent)]
     server = LlamaServer(
-        binary, slots=slots, threads=threads, log_path=log, extra_args=[*cold, *extra]
+        binary, model, slots=slots, threads=threads, log_path=log, extra_args=[*cold, *extra]
     )
     try:
         server.start()
@@ -284,6 +286,11 @@ def main() -> None:
         default=os.environ.get("AGENTGYM_LLAMA_SERVER"),
         help="the llama-server binary ($AGENTGYM_LLAMA_SERVER)",
     )
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="llama: a GGUF file (default: the suite's SmolLM2-135M-Instruct Q4_1 GGUF)",
+    )
     ap.add_argument("--slots", type=int, default=None, help="llama-server slots (--concurrency)")
     ap.add_argument("--env", default="AgentGym/Corridor-v0")
     ap.add_argument("--episodes", type=int, default=16)
@@ -323,9 +330,14 @@ def main() -> None:
     if args.server == "llama":
         from agentgym.models import gguf_file
 
-        folder = gguf_file("smollm2-135m")
+        folder = Path(args.model) if args.model else gguf_file("smollm2-135m")
         server, url, cmd = start_llama(
-            args.llama_server, args.slots or args.concurrency, args.threads, log, args.serve_arg
+            args.llama_server,
+            args.model,
+            args.slots or args.concurrency,
+            args.threads,
+            log,
+            args.serve_arg,
         )
         pid = server.pid
     else:

@@ -922,20 +922,32 @@ def _pair(d: Results, key: str, fmt: Callable[[float], str] = num) -> str:
     return f"{fmt(d[key]['async'])} / {fmt(d[key]['lockstep'])}"
 
 
-def _async_llama_row(source: str, label: str) -> Row:
+def _server_cpu(d: Results, setting: str) -> str:
+    """Median server CPU seconds per arm, their ratio and each repeat's; runs before it was
+    recorded say so."""
+    v = d["summary"][setting]
+    cpu = v.get("server_cpu_s_median")
+    if cpu is None:
+        return "wall only (no CPU time in this run)"
+    by = {(r["mode"], r["repeat"]): r["server_cpu_s"] for r in d["runs"][setting]}
+    repeats = sorted({rep for _, rep in by})
+    each = ", ".join(f"{by['lockstep', rep] / by['async', rep]:.2f}" for rep in repeats)
+    return f"{_pair(v, 'server_cpu_s_median')} ({x(cpu['lockstep'] / cpu['async'])}; {each})"
+
+
+def _async_llama_row(source: str, label: str, setting: str = "varied") -> Row:
     def make(d: Results) -> Cells | None:
         v = d.get("summary", {}).get("varied")
         if v is None:
             return None
-        cpu = v["server_cpu_s_median"]
         load = f"load {d['load_average_1m_start']:.1f}-{d['load_average_1m_end']:.1f}"
         return [
-            f"varied, {label}{load}",
+            f"{setting}, {label}{load}",
             num(v["wall_s_median"]["async"]),
             num(v["wall_s_median"]["lockstep"]),
             f"**{x(v['speedup_lockstep_over_async'])}**",
             ", ".join(f"{r:.2f}" for r in v["speedup_per_repeat"]),
-            f"{_pair(v, 'server_cpu_s_median')} ({x(cpu['lockstep'] / cpu['async'])})",
+            _server_cpu(d, "varied"),
             _pair(v, "in_flight_mean_median", lambda f: f"{f:.2f}"),
             _pair(v, "request_latency_median_s"),
             _pair(v, "tokens_per_s_median"),
@@ -956,7 +968,7 @@ def _async_transformers_row(setting: str) -> Row:
             num(v["wall_s_median"]["lockstep"]),
             f"**{x(v['speedup_lockstep_over_async'])}**",
             ", ".join(f"{r:.2f}" for r in v["speedup_per_repeat"]),
-            "wall only (no CPU time in this run)",
+            _server_cpu(d, setting),
             _pair(v, "in_flight_mean_median", lambda f: f"{f:.2f}"),
             _pair(v, "request_latency_median_s"),
             _pair(v, "tokens_per_s_median"),
@@ -972,7 +984,7 @@ ASYNC_HEADER = [
     "lockstep wall (s)",
     "lockstep / async (wall)",
     "per repeat",
-    "server CPU (s), async / lockstep (lockstep / async)",
+    "server CPU (s), async / lockstep (lockstep / async; per repeat)",
     "requests in flight, async / lockstep",
     "request latency median (s), async / lockstep",
     "tokens/s, async / lockstep",
