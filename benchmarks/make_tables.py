@@ -940,7 +940,10 @@ def _async_llama_row(source: str, label: str, setting: str = "varied") -> Row:
         v = d.get("summary", {}).get("varied")
         if v is None:
             return None
-        load = f"load {d['load_average_1m_start']:.1f}-{d['load_average_1m_end']:.1f}"
+        # the 1-minute load average at the start, at each run and at the end: the range
+        loads = [d["load_average_1m_start"], d["load_average_1m_end"]]
+        loads += [r["load_average_1m"] for r in d["runs"]["varied"]]
+        load = f"load {min(loads):.1f}-{max(loads):.1f}"
         return [
             f"{setting}, {label}{load}",
             num(v["wall_s_median"]["async"]),
@@ -956,14 +959,15 @@ def _async_llama_row(source: str, label: str, setting: str = "varied") -> Row:
     return Row(source, make)
 
 
-def _async_transformers_row(setting: str) -> Row:
+def _async_transformers_row(setting: str, source: str = "async_rollout.json") -> Row:
     def make(d: Results) -> Cells | None:
         v = d.get("summary", {}).get(setting)
         if v is None:
             return None
         split = v["time_split_median"]["lockstep"]
+        load = f"load {d['load_average_1m_start']:.1f}-{d['load_average_1m_end']:.1f}"
         return [
-            setting,
+            setting if source == "async_rollout.json" else f"{setting}, {load}",
             num(v["wall_s_median"]["async"]),
             num(v["wall_s_median"]["lockstep"]),
             f"**{x(v['speedup_lockstep_over_async'])}**",
@@ -975,7 +979,7 @@ def _async_transformers_row(setting: str) -> Row:
             f"{split['generation']:.1%} / {split['env']:.2%} / {split['waiting']:.1%}",
         ]
 
-    return Row("async_rollout.json", make)
+    return Row(source, make)
 
 
 ASYNC_HEADER = [
@@ -1567,6 +1571,11 @@ TABLES += [
             _async_llama_row("async_rollout_llama.json", ""),
             _async_llama_row("async_rollout_llama_loaded.json", ""),
             _async_llama_row("async_rollout_llama_t2.json", "`--threads 2`, "),
+            _async_llama_row(
+                "async_rollout_llama_f16_tail.json",
+                "F16, 48 episodes, caps 1,1,2,1,12,1,1,3, up to 64 new tokens, ",
+                setting="long tail",
+            ),
         ],
     ),
     Table(
@@ -1574,7 +1583,11 @@ TABLES += [
         file=BENCH_README,
         header=[*ASYNC_HEADER, "time in generation / env / waiting (lockstep)"],
         numeric=[False, True, True, True, False, False, False, False, False, False],
-        rows=[_async_transformers_row("varied"), _async_transformers_row("uniform")],
+        rows=[
+            _async_transformers_row(setting, source)
+            for source in ("async_rollout.json", "async_rollout_transformers_cpu.json")
+            for setting in ("varied", "uniform")
+        ],
     ),
 ]
 
