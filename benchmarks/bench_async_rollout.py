@@ -248,9 +248,10 @@ def run_once(url: str, specs, args, lockstep: bool, server_pid: int) -> dict[str
     }
 
 
-def batching_probe(url: str, n: int, max_tokens: int) -> dict[str, Any]:
-    """Wall time of one request alone, then of ``n`` identical ones sent at once: whether (and
-    how much) the server batches concurrent requests on this machine."""
+def batching_probe(url: str, n: int, max_tokens: int, server_pid: int) -> dict[str, Any]:
+    """Wall time and server CPU time of one request alone, then of ``n`` identical ones sent at
+    once: whether (and how much) the server batches concurrent requests on this machine (CPU
+    time is the figure other work on the cores does not move)."""
     from agentgym.engine import OpenAIChatPolicy, SamplingParams
 
     messages = [{"role": "user", "content": "Name three colours, one per line."}]
@@ -268,12 +269,17 @@ def batching_probe(url: str, n: int, max_tokens: int) -> dict[str, Any]:
         finally:
             await policy.aclose()
 
+    cpu0 = cpu_seconds(server_pid)
     one = asyncio.run(go(1))
+    cpu1 = cpu_seconds(server_pid)
     many = asyncio.run(go(n))
+    cpu2 = cpu_seconds(server_pid)
     return {
         "one_request_s": one,
         f"{n}_requests_at_once_s": many,
         "throughput_gain": n * one / many,
+        "one_request_server_cpu_s": cpu1 - cpu0,
+        f"{n}_requests_at_once_server_cpu_s": cpu2 - cpu1,
         "errors": errors,
     }
 
@@ -349,7 +355,7 @@ def main() -> None:
     try:
         # warm-up: the first request pays for lazy setup on the server
         run_once(url, episodes(args.env, [1], args.seed + 1000), args, False, pid)
-        probe = batching_probe(url, args.concurrency, args.max_tokens)
+        probe = batching_probe(url, args.concurrency, args.max_tokens, pid)
         print(f"batching probe: {probe}", file=sys.stderr, flush=True)
         for rep in range(args.repeats):
             for name, caps in settings.items():

@@ -935,17 +935,20 @@ def _server_cpu(d: Results, setting: str) -> str:
     return f"{_pair(v, 'server_cpu_s_median')} ({x(cpu['lockstep'] / cpu['async'])}; {each})"
 
 
+def _load_range(d: Results, setting: str) -> str:
+    """The 1-minute load average's range over the start, every run of ``setting`` and the end."""
+    loads = [d["load_average_1m_start"], d["load_average_1m_end"]]
+    loads += [r["load_average_1m"] for r in d["runs"][setting]]
+    return f"load {min(loads):.1f}-{max(loads):.1f}"
+
+
 def _async_llama_row(source: str, label: str, setting: str = "varied") -> Row:
     def make(d: Results) -> Cells | None:
         v = d.get("summary", {}).get("varied")
         if v is None:
             return None
-        # the 1-minute load average at the start, at each run and at the end: the range
-        loads = [d["load_average_1m_start"], d["load_average_1m_end"]]
-        loads += [r["load_average_1m"] for r in d["runs"]["varied"]]
-        load = f"load {min(loads):.1f}-{max(loads):.1f}"
         return [
-            f"{setting}, {label}{load}",
+            f"{setting}, {label}{_load_range(d, 'varied')}",
             num(v["wall_s_median"]["async"]),
             num(v["wall_s_median"]["lockstep"]),
             f"**{x(v['speedup_lockstep_over_async'])}**",
@@ -965,9 +968,8 @@ def _async_transformers_row(setting: str, source: str = "async_rollout.json") ->
         if v is None:
             return None
         split = v["time_split_median"]["lockstep"]
-        load = f"load {d['load_average_1m_start']:.1f}-{d['load_average_1m_end']:.1f}"
         return [
-            setting if source == "async_rollout.json" else f"{setting}, {load}",
+            setting if source == "async_rollout.json" else f"{setting}, {_load_range(d, setting)}",
             num(v["wall_s_median"]["async"]),
             num(v["wall_s_median"]["lockstep"]),
             f"**{x(v['speedup_lockstep_over_async'])}**",
