@@ -10,14 +10,16 @@ Measured, in the same run and on the same purchases:
   nouns from the same model: the share of purchases whose total and every verbose part are equal;
 * **fallback**: the share of purchases whose reward changes when the title nouns come from
   :class:`FallbackNouns` (or from every whitespace word) instead of the model;
-* **speed**: wall and process CPU time per purchase, medians over ``--repeats`` interleaved
-  rounds, and each round's WebShop / ours ratio in both clocks. WebShop runs its full spaCy
-  pipeline on both titles at every purchase; ours memoises title nouns, so "warm" is the steady
-  state of an env replaying its catalogue and "cold" starts every pass from an empty noun memo
-  (every title new but for the repeats within the pass; the string caches of the fuzzy match stay
-  warm). Each of our timers plays the purchases ``--ours-passes`` times a round (a cold timer with a
-  new memo each pass) so that its round is long enough to time under load. One unrecorded warm-up
-  round precedes the timed ones; the garbage collector runs between timed passes, not inside them.
+* **speed**: wall and process CPU time per purchase, medians over ``--repeats`` rounds, and each
+  round's WebShop / ours ratio in both clocks. A round interleaves the timers ``--chunk``
+  purchases at a time (each timer plays a chunk, then the next), so WebShop and ours see the
+  same stretch of load. WebShop runs its full spaCy pipeline on both titles at every purchase;
+  ours memoises title nouns, so "warm" is the steady state of an env replaying its catalogue and
+  "cold" starts every pass over a chunk from an empty noun memo (every title new but for the
+  repeats within the chunk; the string caches of the fuzzy match stay warm). Each of our timers
+  plays each chunk ``--ours-passes`` times (a cold timer with a new memo each pass) so that its
+  share of a round is long enough to time under load. One unrecorded warm-up round precedes the
+  timed ones; the garbage collector runs between timers' turns, not inside them.
 
 The stock side needs a WebShop checkout (only ``web_agent_site/engine/goal.py`` and
 ``normalize.py`` are imported), ``thefuzz`` and ``rich`` installed, and the spaCy model: WebShop
@@ -139,21 +141,21 @@ class EveryWord:
 def time_passes(
     make_fn: Callable[[], Callable[[tuple], object]], purchases: list[tuple], passes: int
 ) -> tuple[float, float]:
-    """(wall s, process CPU s) per purchase over ``passes`` passes of ``purchases``, each pass
-    with a fresh ``make_fn()`` (built before its clock starts: a cold timer's new memo). The
-    collector runs before each pass and is off inside it, so no pass pays for another's garbage."""
+    """Total (wall s, process CPU s) of ``passes`` passes over ``purchases``, each pass with a
+    fresh ``make_fn()`` (built before its clock starts: a cold timer's new memo). The collector
+    runs before the passes and is off during them, so no timer pays for another's garbage."""
     wall = cpu = 0.0
+    gc.collect()
+    gc.disable()
     for _ in range(passes):
         fn = make_fn()
-        gc.collect()
-        gc.disable()
         t, c = time.perf_counter(), time.process_time()
         for purchase in purchases:
             fn(purchase)
         wall += time.perf_counter() - t
         cpu += time.process_time() - c
-        gc.enable()
-    return wall / (passes * len(purchases)), cpu / (passes * len(purchases))
+    gc.enable()
+    return wall, cpu
 
 
 def main() -> None:
@@ -163,6 +165,13 @@ def main() -> None:
         "--fidelity-goals", type=int, default=1000, help="goals in the compared purchases"
     )
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        default=70,
+        help="purchases a timer plays before the next timer takes over (a multiple of 7 keeps "
+        "each goal's purchases together)",
+    )
     parser.add_argument(
         "--ours-passes",
         type=int,
@@ -200,7 +209,8 @@ def main() -> None:
         "command": "python benchmarks/bench_webshop_reward.py"
         + (" --webshop WEBSHOP" if stock else "")
         + f" --goals {args.goals} --fidelity-goals {args.fidelity_goals}"
-        + f" --repeats {args.repeats} --ours-passes {args.ours_passes} --seed {args.seed}",
+        + f" --repeats {args.repeats} --chunk {args.chunk} --ours-passes {args.ours_passes}"
+        + f" --seed {args.seed}",
         "timed_purchases": n,
         "compared_purchases": len(compared),
         "purchases_per_goal": "the goal's product with its options, 3 same category, 3 random",
@@ -240,26 +250,41 @@ def main() -> None:
 
     # SPEED ---------------------------------------------------------------------------------
     k = args.ours_passes
-    timers: dict[str, Callable[[], tuple[float, float]]] = {
-        "ours_fallback_warm": lambda: time_passes(lambda: ours(fallback), purchases, k),
-        "ours_fallback_cold": lambda: time_passes(lambda: ours(FallbackNouns()), purchases, k),
+    timers: dict[str, Callable[[list[tuple]], tuple[float, float]]] = {
+        "ours_fallback_warm": lambda ps: time_passes(lambda: ours(fallback), ps, k),
+        "ours_fallback_cold": lambda ps: time_passes(lambda: ours(FallbackNouns()), ps, k),
     }
     if model is not None:
-        timers["ours_spacy_warm"] = lambda: time_passes(lambda: ours(model), purchases, k)
-        timers["ours_spacy_cold"] = lambda: time_passes(
-            lambda: ours(SpacyNouns(args.spacy_model)), purchases, 1
+        timers["ours_spacy_warm"] = lambda ps: time_passes(lambda: ours(model), ps, k)
+        timers["ours_spacy_cold"] = lambda ps: time_passes(
+            lambda: ours(SpacyNouns(args.spacy_model)), ps, 1
         )  # ~2.5 ms a purchase: one pass is long enough
     if stock is not None:
-        timers["webshop_get_reward"] = lambda: time_passes(
-            lambda: lambda p: stock(p[1], p[0], price=p[2], options=p[3]), purchases, 1
+        timers["webshop_get_reward"] = lambda ps: time_passes(
+            lambda: lambda p: stock(p[1], p[0], price=p[2], options=p[3]), ps, 1
         )
+    passes = {
+        name: 1 if name in ("ours_spacy_cold", "webshop_get_reward") else k for name in timers
+    }
+    chunks = [purchases[i : i + args.chunk] for i in range(0, n, args.chunk)]
+
+    def timing_round() -> dict[str, tuple[float, float]]:
+        # interleaved chunk by chunk: every timer of a round sees the same stretch of load
+        spent = {name: [0.0, 0.0] for name in timers}
+        for chunk in chunks:
+            for name, timer in timers.items():
+                wall, cpu = timer(chunk)
+                spent[name][0] += wall
+                spent[name][1] += cpu
+        return {
+            name: (w / (passes[name] * n), c / (passes[name] * n)) for name, (w, c) in spent.items()
+        }
+
     seconds: dict[str, list[float]] = {name: [] for name in timers}
     cpu_seconds: dict[str, list[float]] = {name: [] for name in timers}
-    for timer in timers.values():  # warm-up round, not recorded
-        timer()
+    timing_round()  # warm-up round, not recorded
     for _ in tqdm(range(args.repeats), desc="timing rounds"):
-        for name, timer in timers.items():  # interleaved: every round sees the same load
-            wall, cpu = timer()
+        for name, (wall, cpu) in timing_round().items():
             seconds[name].append(wall)
             cpu_seconds[name].append(cpu)
     speed = {name: statistics.median(values) * 1e6 for name, values in seconds.items()}
