@@ -419,9 +419,9 @@ def _ws_rows(source: str) -> list[Row]:
         if v is None or "ours_env_load_s" not in v:
             return None
         return [
-            "env load, cold caches (s)",
+            "env load (s)",
             "",
-            f"{num(v['ours_env_load_s'])} (catalogue, index, titles tagged)",
+            f"{num(v['ours_env_load_s'])} (catalogue, index, title nouns; on-disk caches as found)",
             "",
             "",
             "",
