@@ -552,7 +552,7 @@ def _ws_ours_rows(source: str) -> list[Row]:
             s = d.get("search_latency_vs_catalogue_size", {}).get(size)
             if s is None or "pyserini" not in s:
                 return None
-            return search_cells(f"search, {int(size):,}-product catalogue (median ms)", s)
+            return search_cells(f"search, generated {int(size):,}-product catalogue (median ms)", s)
 
         return Row(source, make)
 
@@ -1356,7 +1356,7 @@ TABLES: list[Table] = [
             "measure",
             "stock WebShop",
             "agentgym",
-            "ratio",
+            "median ratio",
             "total CPU time ratio",
             "total wall ratio",
         ],
@@ -1364,7 +1364,8 @@ TABLES: list[Table] = [
         caption=lambda load: (
             None
             if load(WEBSHOP_FULL) is None
-            else f"Ours alone, 1000-product catalogue, medians (`results/{WEBSHOP_FULL}`, "
+            else "WebShop's 1000-product catalogue, or generated ones where a size is given; "
+            f"medians over repeats (`results/{WEBSHOP_FULL}`, "
             f"commit {load(WEBSHOP_FULL).get('commit', '?')}):"
         ),
     ),
