@@ -1141,8 +1141,8 @@ ALFWORLD_HELD_OUT_COMMAND = (
     "--skip memory group --out benchmarks/results/alfworld_valid_train.json"
 )
 SEARCHR1_COMMAND = (
-    "python benchmarks/bench_searchr1.py --search-r1 ~/Search-R1 --repeats 5 --passes 2 "
-    "--max-turns 400 --warmup 10 --out benchmarks/results/searchr1.json"
+    "python benchmarks/bench_searchr1.py --search-r1 ~/Search-R1 --repeats 5 --passes 8 "
+    "--max-turns 1600 --warmup 10 --out benchmarks/results/searchr1.json"
 )
 
 
