@@ -12,11 +12,17 @@ Both layouts run the same envs (``--env``, default ALFWorld-Synthetic) through t
 - memory: the summed RSS of the actors' worker processes once they are up (every actor is
   its own process, so their memory adds up), and of every Ray worker process on the node;
 - steps/s: env steps per second over ``--vec-steps`` batched steps with random admissible
-  actions (reset included), the policy not timed.
+  actions (reset included), the policy not timed;
+- CPU time of startup and of the steps: user + system seconds of this driver and every process
+  below it (Ray's GCS and raylet, the worker processes, the actors), read with psutil before and
+  after; a process born inside the window counts whole (the driver's random policy is left
+  out). Other processes on the machine are not counted, so these ratios hold whatever else the
+  cores run, where the wall-clock ones move with the load.
 
 Actors ask for ``num_cpus=0`` in both layouts so that hundreds of them can be placed on a small
 node. Medians over ``--repeats``; ratios are per-env / batched (memory, startup) and batched /
-per-env (steps/s).
+per-env (steps/s), as medians of the per-repeat ratios (each repeat runs both layouts, one after
+the other).
 """
 
 from __future__ import annotations
@@ -67,7 +73,29 @@ def _ray_worker_pids() -> list[int]:
     return out
 
 
+def _tree_cpu() -> dict[int, float]:
+    """User + system CPU seconds of this driver and of every process below it (Ray's GCS and
+    raylet, its workers and actors), by pid."""
+    me = psutil.Process()
+    out = {}
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:  # ended between listing and reading
+            continue
+        out[proc.pid] = times.user + times.system
+    return out
+
+
+def _cpu_since(before: dict[int, float]) -> float:
+    """CPU seconds the driver's process tree spent since ``before`` (``_tree_cpu()``); a process
+    born since counts whole. A process that ended in between is missed (none does while a
+    layout is up: its actors live until ``close()``)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in _tree_cpu().items())
+
+
 def run_layout(args: argparse.Namespace, num_workers: int, seed: int) -> dict[str, float]:
+    cpu0 = _tree_cpu()
     t0 = time.perf_counter()
     vec = GroupVectorEnv(
         args.env,
@@ -78,11 +106,13 @@ def run_layout(args: argparse.Namespace, num_workers: int, seed: int) -> dict[st
         ray_options={"num_cpus": 0},
     )
     startup = time.perf_counter() - t0
+    startup_cpu = _cpu_since(cpu0)
     try:
         actor_rss = _rss(_actor_pids(vec))
         all_rss = _rss(_ray_worker_pids())
         rng = np.random.default_rng(seed)
-        elapsed, env_steps = 0.0, 0
+        elapsed, env_steps, policy_cpu = 0.0, 0, 0.0
+        cpu0 = _tree_cpu()
         t0 = time.perf_counter()
         obs, infos = vec.reset(seed=seed)
         elapsed += time.perf_counter() - t0
@@ -91,12 +121,15 @@ def run_layout(args: argparse.Namespace, num_workers: int, seed: int) -> dict[st
                 t0 = time.perf_counter()
                 obs, infos = vec.reset()
                 elapsed += time.perf_counter() - t0
+            c0 = time.process_time()
             actions = random_policy(obs, infos, rng)
+            policy_cpu += time.process_time() - c0
             live = int(vec.active.sum())
             t0 = time.perf_counter()
             obs, _, _, _, infos = vec.step(actions)
             elapsed += time.perf_counter() - t0
             env_steps += live
+        steps_cpu = _cpu_since(cpu0) - policy_cpu
     finally:
         vec.close()
     # the next layout starts from a node without these actors' processes
@@ -108,6 +141,8 @@ def run_layout(args: argparse.Namespace, num_workers: int, seed: int) -> dict[st
         "actor_rss_mb": actor_rss / 2**20,
         "all_worker_rss_mb": all_rss / 2**20,
         "steps_per_s": env_steps / elapsed,
+        "startup_cpu_s": startup_cpu,
+        "steps_per_cpu_s": env_steps / steps_cpu,
     }
 
 
@@ -135,6 +170,7 @@ def main() -> None:
     if args.envs % args.group_size:
         p.error(f"--envs {args.envs} is not a multiple of --group-size {args.group_size}")
 
+    load_before = os.getloadavg()[0]
     ray.init(
         num_cpus=args.ray_cpus,
         include_dashboard=False,
@@ -161,14 +197,24 @@ def main() -> None:
         name: {k: statistics.median(run[k] for run in rs) for k in rs[0]}
         for name, rs in runs.items()
     }
-    ratios = {}
+    ratios: dict[str, float] = {}
+    ratios_per_repeat: dict[str, list[float]] = {}
     if len(med) == 2:
-        per, bat = med["per_env_actors"], med["batched_actors"]
-        ratios = {
-            "memory_per_env_over_batched": per["actor_rss_mb"] / bat["actor_rss_mb"],
-            "startup_per_env_over_batched": per["startup_s"] / bat["startup_s"],
-            "steps_per_s_batched_over_per_env": bat["steps_per_s"] / per["steps_per_s"],
-        }
+        per, bat = runs["per_env_actors"], runs["batched_actors"]
+        for name, key, peer_over_ours in (
+            ("memory_per_env_over_batched", "actor_rss_mb", True),
+            ("startup_per_env_over_batched", "startup_s", True),
+            ("startup_cpu_per_env_over_batched", "startup_cpu_s", True),
+            ("steps_per_s_batched_over_per_env", "steps_per_s", False),
+            ("steps_per_cpu_s_batched_over_per_env", "steps_per_cpu_s", False),
+        ):
+            # each repeat ran both layouts back to back: a ratio per repeat, then the median
+            pairs = [
+                (p[key], b[key]) if peer_over_ours else (b[key], p[key])
+                for p, b in zip(per, bat, strict=True)
+            ]
+            ratios_per_repeat[name] = [a / c for a, c in pairs]
+            ratios[name] = statistics.median(ratios_per_repeat[name])
     result = {
         "env": args.env,
         "num_envs": args.envs,
@@ -183,6 +229,8 @@ def main() -> None:
         "median": med,
         "runs": runs,
         "ratios": ratios,
+        "ratios_per_repeat": ratios_per_repeat,
+        "load_average_1min_before_after": [load_before, os.getloadavg()[0]],
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

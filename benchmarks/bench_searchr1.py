@@ -21,9 +21,15 @@ Ours, for the same batch of queries:
 
 Queries: the scripted searcher's queries over the generated questions (``bench_searchqa.py``'s
 corpus: the knowledge base plus ``--corpus-size`` distractor passages). For each batch size B the
-queries are cut into turns of B (cycling), every turn timed for each way, the ways' order rotated
-turn by turn. Reported per B: per-turn medians and p99, total time of all turns of a repeat, and
-the ratios Search-R1 / ours of both (total-time ratio median over ``--repeats``). The top-3
+queries are cut into turns of B (cycling, ``--passes`` times over the queries, at most
+``--max-turns`` turns), every turn timed for each way, the ways' order rotated turn by turn.
+Reported per B: per-turn medians and p99, total time of all turns of a repeat, and the ratios
+Search-R1 / ours of both (total-time ratio median over ``--repeats``); and the total CPU time of
+a repeat: for ours this process's CPU time (``time.process_time``) over our calls, for Search-R1
+its client's CPU time in this process over its calls plus its server process's CPU time (user +
+system, every thread, the JVM's too, from /proc) over the repeat (the server is idle while ours
+run), with the median of the per-repeat Search-R1 / ours ratios. The collector runs between
+repeats and is off inside them. The top-3
 passages of both are compared; they must be identical, ties included (both order equal scores by
 the passage id as a string).
 
@@ -71,6 +77,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import importlib.util
 import json
 import os
@@ -612,6 +619,12 @@ def main() -> int:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 128])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--max-turns", type=int, default=40, help="turns per batch size and repeat")
+    p.add_argument(
+        "--passes",
+        type=int,
+        default=1,
+        help="passes over the queries per batch size and repeat (at most --max-turns turns)",
+    )
     p.add_argument("--warmup", type=int, default=3, help="in-process passes before timing")
     p.add_argument(
         "--in-process-only",
@@ -685,15 +698,16 @@ def main() -> int:
         def way_ours_batched(batch: list[str]) -> list[str]:
             return [passages_to_string(hits) for hits in big.search(batch, 3)]
 
-        def way_ours_env(batch: list[str]) -> float:
+        def way_ours_env(batch: list[str]) -> tuple[float, float]:
             # B in-process envs' search steps; the resets in between are not timed
-            spent = 0.0
+            spent = cpu = 0.0
             for i, q in enumerate(batch):
                 env.reset(options={"task": tasks[i % len(tasks)]})
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 env.step(f"search[{q}]")
                 spent += time.perf_counter() - t0
-            return spent
+                cpu += time.process_time() - c0
+            return spent, cpu
 
         # fidelity: the same top-3 passages from Search-R1's Lucene and our bm25s
         same_top3 = None
@@ -713,50 +727,75 @@ def main() -> int:
         ways = ["search_r1", "ours_env", "ours_batched"]
         per_batch: dict[str, dict] = {}
         for batch_size in [] if args.in_process_only else args.batch_sizes:
-            n_turns = min(args.max_turns, max(1, -(-len(queries) // batch_size)))
+            n_turns = min(args.max_turns, max(1, -(-args.passes * len(queries) // batch_size)))
             turns = [
                 [queries[(t * batch_size + i) % len(queries)] for i in range(batch_size)]
                 for t in range(n_turns)
             ]
             per_turn: dict[str, list[float]] = {w: [] for w in ways}
             totals: dict[str, list[float]] = {w: [] for w in ways}
+            cpu_totals: dict[str, list[float]] = {w: [] for w in ways}
+            server_cpu: list[float] = []
             for repeat in range(args.repeats):
                 spent = dict.fromkeys(ways, 0.0)
+                cpu = dict.fromkeys(ways, 0.0)
+                gc.collect()
+                gc.disable()  # no collection inside the timed turns
+                server0 = cpu_seconds(proc.pid)
                 for t, batch in enumerate(turns):
                     k = (t + repeat) % len(ways)
                     for way in ways[k:] + ways[:k]:  # rotate which way goes first
                         if way == "ours_env":
-                            dt = way_ours_env(batch)
+                            dt, dc = way_ours_env(batch)
                         else:
-                            t0 = time.perf_counter()
+                            t0, c0 = time.perf_counter(), time.process_time()
                             (way_search_r1 if way == "search_r1" else way_ours_batched)(batch)
-                            dt = time.perf_counter() - t0
+                            dt, dc = time.perf_counter() - t0, time.process_time() - c0
                         per_turn[way].append(dt * 1e3)
                         spent[way] += dt
+                        cpu[way] += dc
+                server_cpu.append(cpu_seconds(proc.pid) - server0)
+                gc.enable()
+                cpu["search_r1"] += server_cpu[-1]  # its client's CPU here plus its server's
                 for way in ways:
                     totals[way].append(spent[way])
+                    cpu_totals[way].append(cpu[way])
             med = {w: statistics.median(per_turn[w]) for w in ways}
-            ratio_total = {
-                w: statistics.median(
-                    s / o for s, o in zip(totals["search_r1"], totals[w], strict=True)
-                )
-                for w in ("ours_env", "ours_batched")
+            ours_ways = ("ours_env", "ours_batched")
+            per_repeat = {
+                w: [s / o for s, o in zip(totals["search_r1"], totals[w], strict=True)]
+                for w in ours_ways
             }
+            cpu_per_repeat = {
+                w: [s / o for s, o in zip(cpu_totals["search_r1"], cpu_totals[w], strict=True)]
+                for w in ours_ways
+            }
+            ratio_total = {w: statistics.median(per_repeat[w]) for w in ours_ways}
+            ratio_cpu = {w: statistics.median(cpu_per_repeat[w]) for w in ours_ways}
             per_batch[str(batch_size)] = {
                 "turns_per_repeat": n_turns,
                 "per_turn_median_ms": med,
                 "per_turn_p99_ms": {w: _p99(per_turn[w]) for w in ways},
                 "total_s_median": {w: statistics.median(totals[w]) for w in ways},
-                "ratio_median_turn": {
-                    w: med["search_r1"] / med[w] for w in ("ours_env", "ours_batched")
-                },
+                "cpu_s_median": {w: statistics.median(cpu_totals[w]) for w in ways},
+                "ratio_median_turn": {w: med["search_r1"] / med[w] for w in ours_ways},
                 "ratio_total_time": ratio_total,
+                "ratio_total_time_per_repeat": per_repeat,
+                "ratio_total_cpu": ratio_cpu,
+                "ratio_total_cpu_per_repeat": cpu_per_repeat,
+                # per repeat: wall and CPU seconds of each way (Search-R1's CPU: client + server)
+                "runs": {
+                    "total_s": totals,
+                    "cpu_s": cpu_totals,
+                    "search_r1_server_cpu_s": server_cpu,
+                },
             }
             print(
                 f"  B={batch_size:>4}: per turn Search-R1 {med['search_r1']:.2f} ms, ours env "
                 f"{med['ours_env']:.2f} ms, ours batched {med['ours_batched']:.2f} ms; total-time "
-                f"ratio vs env {ratio_total['ours_env']:.1f}x, vs batched "
-                f"{ratio_total['ours_batched']:.1f}x",
+                f"ratio vs env {ratio_total['ours_env']:.1f}x (CPU {ratio_cpu['ours_env']:.1f}x), "
+                f"vs batched {ratio_total['ours_batched']:.1f}x (CPU "
+                f"{ratio_cpu['ours_batched']:.1f}x)",
                 flush=True,
             )
     finally:
@@ -790,6 +829,7 @@ def main() -> int:
             "passages": len(docs),
             "queries": len(queries),
             "repeats": args.repeats,
+            "passes": args.passes,
             "topk": 3,
             "search_r1_server": str(SERVER_FILE) + " (BM25Retriever, pyserini LuceneSearcher)",
             "search_r1_client": str(CLIENT_FILE) + " batch_search: one requests.post per turn",

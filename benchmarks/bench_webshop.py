@@ -15,12 +15,20 @@ the total, which the slow purchase steps weigh on and a median hides.
     runs after ``random.seed(<our price seed>)``: the same draws our loader makes.
 (b) ours alone: random-policy step and reset time (median, p99) on the 1000-product catalogue
     with the bm25s backend, memo of repeated queries included (as in training).
-(c) search latency, one query per call, memo bypassed: bm25s and pyserini (median, p99).
+(c) search latency, one query per call, memo bypassed: bm25s and pyserini (median, p99), the
+    two backends alternating query by query; per repeat, the total wall and process CPU time of
+    each backend's calls and their pyserini / bm25s ratios (median over repeats). pyserini's
+    process CPU includes its JVM's JIT and GC threads, charged to whichever call they overlap.
 (d) memory: RSS of a fresh process holding 1 env, and 128 envs; verl-agent's layout (one env per
     process, each loading its own catalogue and index) is 128 x the one-env process. Stock's
     one-env process is measured too when it can run.
 (e) search latency (bm25s; pyserini with --pyserini-sizes) against catalogue size on generated
-    catalogues of 1k, 10k and 100k products.
+    catalogues of 1k, 10k and 100k products, timed as in (c).
+
+Garbage collection: both sides of (a) share one heap, as do the backends of (c) and (e), so a
+full collection (mostly of stock's objects) would be paid by whichever call runs when it
+triggers. The collector runs between timed sections (each episode, each repeat) and is off
+inside them.
 
 Stock WebShop pins Python 3.8-era packages (gym 0.24, Flask 2.1, pyserini 0.17 on Java 11,
 spaCy 3.3). It runs here on Python 3.11 with small shims, none of which touch what is measured:
@@ -29,7 +37,8 @@ built by pyserini 1.x (Lucene 10, Java 21+) from the documents its conversion sc
 spaCy 3.8's ``en_core_web_sm`` stands in for 3.3's (``--spacy-model``, which our reward then
 uses too). Without a checkout (and bs4, Flask, thefuzz, torch), part (a) is skipped.
 
-    python benchmarks/bench_webshop.py --webshop-src ~/WebShop     # writes results/webshop.json
+    python benchmarks/bench_webshop.py --webshop-src ~/WebShop --skip vs_stock --repeats 5 \
+        --queries 2000                             # parts (b)-(e): writes results/webshop.json
     python benchmarks/bench_webshop.py --webshop-src ~/WebShop --only-stock --episodes 40 \
         --repeats 5 --out benchmarks/results/webshop_vs_stock.json
     python benchmarks/bench_webshop.py --quick --out /tmp/webshop.json     # a smoke run
@@ -44,6 +53,7 @@ A WebShop checkout: ``git clone https://github.com/princeton-nlp/WebShop``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import lzma
 import os
@@ -215,7 +225,9 @@ def bench_vs_stock(args, data_dir: Path, work: Path) -> dict:
     compared = purchases = ranking_mismatches = searches = 0
     rewards: list[float] = []
     # each repeat plays other goals and queries (seeded by the repeat), so no memo is warmed by
-    # an earlier repeat; stock and ours alternate call by call
+    # an earlier repeat; stock and ours alternate call by call. Both share one heap: the
+    # collector runs between episodes and is off inside them (see the module docstring)
+    gc.disable()
     for repeat, episode in ((r, e) for r in range(args.repeats) for e in range(args.episodes)):
         if episode == 0:
             rng = random.Random(repeat)
@@ -223,6 +235,7 @@ def bench_vs_stock(args, data_dir: Path, work: Path) -> dict:
             cpu = {"stock_step": 0, "ours_step": 0, "stock_reset": 0, "ours_reset": 0}
         expert = episode % 3 == 0
         goal_index = rng.randrange(len(cat.goals))
+        gc.collect()
         t, c = time.perf_counter_ns(), cpu_clock()
         s_obs, _ = stock.reset(session=goal_index)
         stock_reset.append(time.perf_counter_ns() - t)
@@ -300,6 +313,7 @@ def bench_vs_stock(args, data_dir: Path, work: Path) -> dict:
                 f"steps {totals['episodes'][-1]:.0f}x (CPU {cpu_totals['episodes'][-1]:.0f}x)",
                 flush=True,
             )
+    gc.enable()
     s_step, o_step = _stats(stock_step), _stats(ours_step)
     s_reset, o_reset = _stats(stock_reset), _stats(ours_reset)
     s_buy, o_buy = _stats(stock_buy), _stats(ours_buy)
@@ -370,14 +384,47 @@ def bench_ours(args, data_dir: Path) -> dict:
     return {"step": _median_of(steps), "reset": _median_of(resets), "backend": "bm25s"}
 
 
-def _search_latency(search, queries: list[str]) -> dict[str, float]:
-    search.search_many(queries[:5])  # warm-up
-    times = []
-    for q in queries:
-        t = time.perf_counter_ns()
-        search.search_many([q])
-        times.append(time.perf_counter_ns() - t)
-    return _stats(times)
+def _interleaved_search(searches: dict, queries: list[str], repeats: int) -> dict:
+    """Each query through every backend in ``searches`` (one query per ``search_many`` call, so
+    the memo is bypassed), the backends' order alternating query by query; ``repeats`` passes.
+    Per backend: per-call wall medians and p99 (median over repeats) and each repeat's total
+    wall and process CPU seconds; then, per repeat, the first backend's totals over the last's."""
+    for search in searches.values():  # warm-up, one query per call: Lucene's JIT needs hundreds
+        for q in queries[:500]:
+            search.search_many([q])
+    names = list(searches)
+    wall_clock, cpu_clock = time.perf_counter_ns, time.process_time_ns
+    runs: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    totals: dict[str, dict[str, list[float]]] = {n: {"wall_s": [], "cpu_s": []} for n in names}
+    for _ in range(repeats):
+        times: dict[str, list[int]] = {n: [] for n in names}
+        cpu = dict.fromkeys(names, 0)
+        gc.collect()
+        gc.disable()  # no collection inside the timed calls (see the module docstring)
+        for i, q in enumerate(queries):
+            for name in names if i % 2 == 0 else names[::-1]:
+                t, c = wall_clock(), cpu_clock()
+                searches[name].search_many([q])
+                times[name].append(wall_clock() - t)
+                cpu[name] += cpu_clock() - c
+        gc.enable()
+        for name in names:
+            runs[name].append(_stats(times[name]))
+            totals[name]["wall_s"].append(sum(times[name]) / 1e9)
+            totals[name]["cpu_s"].append(cpu[name] / 1e9)
+    out: dict = {n: {**_median_of(runs[n]), "total_s_per_repeat": totals[n]} for n in names}
+    if len(names) == 2:
+        peer, ours = (totals[n] for n in names)
+        wall = [a / b for a, b in zip(peer["wall_s"], ours["wall_s"], strict=True)]
+        cpu_r = [a / b for a, b in zip(peer["cpu_s"], ours["cpu_s"], strict=True)]
+        out[f"{names[0]}_over_{names[1]}_median"] = round(
+            out[names[0]]["median_ms"] / out[names[1]]["median_ms"], 2
+        )
+        out["total_time_ratio"] = round(statistics.median(wall), 2)
+        out["total_time_ratios_per_repeat"] = [round(r, 3) for r in wall]
+        out["total_cpu_ratio"] = round(statistics.median(cpu_r), 2)
+        out["total_cpu_ratios_per_repeat"] = [round(r, 3) for r in cpu_r]
+    return out
 
 
 def bench_search(args, data_dir: Path, work: Path) -> dict:
@@ -385,16 +432,13 @@ def bench_search(args, data_dir: Path, work: Path) -> dict:
     from agentgym.envs.webshop.search import ProductSearch
 
     cat = load_catalogue(data_dir)
-    queries = [g["instruction_text"].lower() for g in cat.goals[: args.queries]]
-    out = {}
-    for backend in ("bm25s", "pyserini"):
-        search = ProductSearch(cat, backend, cache_dir=work / "indexes", persist=True)
-        runs = [_search_latency(search, queries) for _ in range(args.repeats)]
-        out[backend] = _median_of(runs)
-    out["pyserini_over_bm25s_median"] = round(
-        out["pyserini"]["median_ms"] / out["bm25s"]["median_ms"], 2
-    )
-    return out
+    goals = cat.goals  # cycled when --queries is larger
+    queries = [goals[i % len(goals)]["instruction_text"].lower() for i in range(args.queries)]
+    searches = {
+        backend: ProductSearch(cat, backend, cache_dir=work / "indexes", persist=True)
+        for backend in ("pyserini", "bm25s")
+    }
+    return _interleaved_search(searches, queries, args.repeats)
 
 
 def bench_scaling(args, work: Path) -> dict:
@@ -410,16 +454,14 @@ def bench_scaling(args, work: Path) -> dict:
         ]
         row = {}
         t = time.perf_counter()
-        search = ProductSearch(cat, "bm25s", persist=False)
+        searches = {"bm25s": ProductSearch(cat, "bm25s", persist=False)}
         row["bm25s_build_s"] = round(time.perf_counter() - t, 2)
-        row["bm25s"] = _median_of([_search_latency(search, queries) for _ in range(args.repeats)])
         if n in args.pyserini_sizes:
             t = time.perf_counter()
             lucene = ProductSearch(cat, "pyserini", cache_dir=work / f"scale{n}", persist=True)
             row["pyserini_build_s"] = round(time.perf_counter() - t, 2)
-            row["pyserini"] = _median_of(
-                [_search_latency(lucene, queries) for _ in range(args.repeats)]
-            )
+            searches = {"pyserini": lucene, **searches}
+        row.update(_interleaved_search(searches, queries, args.repeats))
         out[str(n)] = row
     return out
 
@@ -505,6 +547,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
     ap.add_argument("--pyserini-sizes", type=int, nargs="*", default=[1000, 10000, 100000])
+    ap.add_argument(
+        "--skip",
+        nargs="*",
+        default=[],
+        choices=["policy", "search", "memory", "scaling", "vs_stock"],
+        help="parts not to run (vs_stock: part (a), which --only-stock runs alone)",
+    )
     ap.add_argument("--quick", action="store_true", help="a smoke run (small everything)")
     ap.add_argument(
         "--only-stock",
@@ -529,6 +578,7 @@ def main() -> None:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "commit": commit,
         "note": "shared machine: ratios are measured in the same run; absolute times vary with load",
+        "load_average_1min_before": os.getloadavg()[0],
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
         "reward_noun_model": Path(args.spacy_model).name if args.spacy_model else "default",
@@ -536,20 +586,29 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="webshop-bench-") as tmp:
         work = Path(tmp)
         data_dir = _data_dir(args.data, work / "data")
-        if not args.only_stock:
+        skip = set(args.skip)
+        if args.only_stock:
+            skip |= {"policy", "search", "memory", "scaling"}
+        if "policy" not in skip:
             print("ours: random policy ...", flush=True)
             results["ours_random_policy"] = bench_ours(args, data_dir)
+        if "search" not in skip:
             print("search latency ...", flush=True)
             results["search_latency_small_catalogue"] = bench_search(args, data_dir, work)
+        if "memory" not in skip:
             print("memory ...", flush=True)
             results["memory"] = bench_memory(args, data_dir, work)
+        if "scaling" not in skip:
             print("scaling ...", flush=True)
             results["search_latency_vs_catalogue_size"] = bench_scaling(args, work)
-        if args.webshop_src:
+        if "vs_stock" in skip:
+            results["vs_stock"] = "skipped (--skip vs_stock)"
+        elif args.webshop_src:
             print("parity and timing vs stock WebShop ...", flush=True)
             results["vs_stock"] = bench_vs_stock(args, data_dir, work)
         else:
             results["vs_stock"] = "skipped: pass --webshop-src (a WebShop checkout)"
+        results["load_average_1min_after"] = os.getloadavg()[0]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))

@@ -10,11 +10,16 @@ Measured, in the same run and on the same purchases:
   nouns from the same model: the share of purchases whose total and every verbose part are equal;
 * **fallback**: the share of purchases whose reward changes when the title nouns come from
   :class:`FallbackNouns` (or from every whitespace word) instead of the model;
-* **speed**: seconds per purchase, medians over ``--repeats`` interleaved passes. WebShop runs its
-  full spaCy pipeline on both titles at every purchase; ours memoises title nouns, so "warm" is the
-  steady state of an env replaying its catalogue and "cold" starts every pass from an empty noun
-  memo (every title new but for the repeats within the pass; the string caches of the fuzzy match
-  stay warm). One unrecorded warm-up round precedes the timed ones.
+* **speed**: wall and process CPU time per purchase, medians over ``--repeats`` rounds, and each
+  round's WebShop / ours ratio in both clocks. A round interleaves the timers ``--chunk``
+  purchases at a time (each timer plays a chunk, then the next), so WebShop and ours see the
+  same stretch of load. WebShop runs its full spaCy pipeline on both titles at every purchase;
+  ours memoises title nouns, so "warm" is the steady state of an env replaying its catalogue and
+  "cold" starts every pass over a chunk from an empty noun memo (every title new but for the
+  repeats within the chunk; the string caches of the fuzzy match stay warm). Each of our timers
+  plays each chunk ``--ours-passes`` times (a cold timer with a new memo each pass) so that its
+  share of a round is long enough to time under load. One unrecorded warm-up round precedes the
+  timed ones; the garbage collector runs between timers' turns, not inside them.
 
 The stock side needs a WebShop checkout (only ``web_agent_site/engine/goal.py`` and
 ``normalize.py`` are imported), ``thefuzz`` and ``rich`` installed, and the spaCy model: WebShop
@@ -27,11 +32,13 @@ the ``.xz`` copies in ``../shared/data/webshop`` unpacked to a temporary folder.
 
     python benchmarks/bench_webshop_reward.py --webshop PATH/TO/WebShop \\
         --spacy-model PATH/TO/en_core_web_sm-3.8.0 [--goals 200] [--repeats 3] [--seed 0]
+        [--ours-passes 20]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import lzma
@@ -131,11 +138,24 @@ class EveryWord:
         return tuple(text.lower().split())
 
 
-def time_pass(fn: Callable[[tuple], object], purchases: list[tuple]) -> float:
-    start = time.perf_counter()
-    for purchase in purchases:
-        fn(purchase)
-    return (time.perf_counter() - start) / len(purchases)
+def time_passes(
+    make_fn: Callable[[], Callable[[tuple], object]], purchases: list[tuple], passes: int
+) -> tuple[float, float]:
+    """Total (wall s, process CPU s) of ``passes`` passes over ``purchases``, each pass with a
+    fresh ``make_fn()`` (built before its clock starts: a cold timer's new memo). The collector
+    runs before the passes and is off during them, so no timer pays for another's garbage."""
+    wall = cpu = 0.0
+    gc.collect()
+    gc.disable()
+    for _ in range(passes):
+        fn = make_fn()
+        t, c = time.perf_counter(), time.process_time()
+        for purchase in purchases:
+            fn(purchase)
+        wall += time.perf_counter() - t
+        cpu += time.process_time() - c
+    gc.enable()
+    return wall, cpu
 
 
 def main() -> None:
@@ -145,6 +165,19 @@ def main() -> None:
         "--fidelity-goals", type=int, default=1000, help="goals in the compared purchases"
     )
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        default=70,
+        help="purchases a timer plays before the next timer takes over (a multiple of 7 keeps "
+        "each goal's purchases together)",
+    )
+    parser.add_argument(
+        "--ours-passes",
+        type=int,
+        default=20,
+        help="passes over the purchases per round for each of our timers (WebShop's: one)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--webshop", type=Path, help="a WebShop checkout (the stock reward)")
     parser.add_argument(
@@ -176,7 +209,8 @@ def main() -> None:
         "command": "python benchmarks/bench_webshop_reward.py"
         + (" --webshop WEBSHOP" if stock else "")
         + f" --goals {args.goals} --fidelity-goals {args.fidelity_goals}"
-        + f" --repeats {args.repeats} --seed {args.seed}",
+        + f" --repeats {args.repeats} --chunk {args.chunk} --ours-passes {args.ours_passes}"
+        + f" --seed {args.seed}",
         "timed_purchases": n,
         "compared_purchases": len(compared),
         "purchases_per_goal": "the goal's product with its options, 3 same category, 3 random",
@@ -215,31 +249,69 @@ def main() -> None:
         }
 
     # SPEED ---------------------------------------------------------------------------------
-    timers: dict[str, Callable[[], float]] = {
-        "ours_fallback_warm": lambda: time_pass(ours(fallback), purchases),
-        "ours_fallback_cold": lambda: time_pass(ours(FallbackNouns()), purchases),
+    k = args.ours_passes
+    timers: dict[str, Callable[[list[tuple]], tuple[float, float]]] = {
+        "ours_fallback_warm": lambda ps: time_passes(lambda: ours(fallback), ps, k),
+        "ours_fallback_cold": lambda ps: time_passes(lambda: ours(FallbackNouns()), ps, k),
     }
     if model is not None:
-        timers["ours_spacy_warm"] = lambda: time_pass(ours(model), purchases)
-        timers["ours_spacy_cold"] = lambda: time_pass(ours(SpacyNouns(args.spacy_model)), purchases)
+        timers["ours_spacy_warm"] = lambda ps: time_passes(lambda: ours(model), ps, k)
+        timers["ours_spacy_cold"] = lambda ps: time_passes(
+            lambda: ours(SpacyNouns(args.spacy_model)), ps, 1
+        )  # ~2.5 ms a purchase: one pass is long enough
     if stock is not None:
-        timers["webshop_get_reward"] = lambda: time_pass(
-            lambda p: stock(p[1], p[0], price=p[2], options=p[3]), purchases
+        timers["webshop_get_reward"] = lambda ps: time_passes(
+            lambda: lambda p: stock(p[1], p[0], price=p[2], options=p[3]), ps, 1
         )
+    passes = {
+        name: 1 if name in ("ours_spacy_cold", "webshop_get_reward") else k for name in timers
+    }
+    chunks = [purchases[i : i + args.chunk] for i in range(0, n, args.chunk)]
+
+    def timing_round() -> dict[str, tuple[float, float]]:
+        # interleaved chunk by chunk: every timer of a round sees the same stretch of load
+        spent = {name: [0.0, 0.0] for name in timers}
+        for chunk in chunks:
+            for name, timer in timers.items():
+                wall, cpu = timer(chunk)
+                spent[name][0] += wall
+                spent[name][1] += cpu
+        return {
+            name: (w / (passes[name] * n), c / (passes[name] * n)) for name, (w, c) in spent.items()
+        }
+
     seconds: dict[str, list[float]] = {name: [] for name in timers}
-    for timer in timers.values():  # warm-up round, not recorded
-        timer()
+    cpu_seconds: dict[str, list[float]] = {name: [] for name in timers}
+    timing_round()  # warm-up round, not recorded
     for _ in tqdm(range(args.repeats), desc="timing rounds"):
-        for name, timer in timers.items():  # interleaved: every round sees the same load
-            seconds[name].append(timer())
+        for name, (wall, cpu) in timing_round().items():
+            seconds[name].append(wall)
+            cpu_seconds[name].append(cpu)
     speed = {name: statistics.median(values) * 1e6 for name, values in seconds.items()}
     result["us_per_purchase_median"] = speed
+    result["cpu_us_per_purchase_median"] = {
+        name: statistics.median(values) * 1e6 for name, values in cpu_seconds.items()
+    }
+    result["us_per_purchase_per_round"] = {n: [v * 1e6 for v in s] for n, s in seconds.items()}
+    result["cpu_us_per_purchase_per_round"] = {
+        n: [v * 1e6 for v in s] for n, s in cpu_seconds.items()
+    }
     if "webshop_get_reward" in speed:
-        result["speedup_vs_webshop"] = {
-            name: speed["webshop_get_reward"] / value
-            for name, value in speed.items()
-            if name != "webshop_get_reward"
-        }
+        ours_names = [name for name in speed if name != "webshop_get_reward"]
+
+        def per_round(clock: dict[str, list[float]]) -> dict[str, list[float]]:
+            # each round's WebShop / ours: the two ran back to back, under the same load
+            stock_rounds = clock["webshop_get_reward"]
+            return {
+                n: [s / o for s, o in zip(stock_rounds, clock[n], strict=True)] for n in ours_names
+            }
+
+        wall_ratios, cpu_ratios = per_round(seconds), per_round(cpu_seconds)
+        result["speedup_vs_webshop"] = {n: statistics.median(wall_ratios[n]) for n in ours_names}
+        result["speedup_vs_webshop_per_round"] = wall_ratios
+        result["cpu_speedup_vs_webshop"] = {n: statistics.median(cpu_ratios[n]) for n in ours_names}
+        result["cpu_speedup_vs_webshop_per_round"] = cpu_ratios
+    result["load_average_1min_after"] = os.getloadavg()[0]
 
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(RESULTS, json.dumps(result, indent=2) + "\n")
@@ -248,10 +320,13 @@ def main() -> None:
     for key in ("fidelity_vs_webshop", "reward_changed_vs_model"):
         if key in result:
             print(f"{key}: {result[key]}")
-    print(f"{'measure':<22}{'us/purchase':>14}{'vs WebShop':>12}")
+    print(f"{'measure':<22}{'us/purchase':>14}{'CPU us':>10}{'vs WebShop wall / CPU':>24}")
     for name, value in speed.items():
         ratio = result.get("speedup_vs_webshop", {}).get(name)
-        print(f"{name:<22}{value:>14.1f}{(f'{ratio:.0f}x' if ratio else ''):>12}")
+        cpu_ratio = result.get("cpu_speedup_vs_webshop", {}).get(name)
+        both = f"{ratio:.0f}x / {cpu_ratio:.0f}x" if ratio else ""
+        cpu = result["cpu_us_per_purchase_median"][name]
+        print(f"{name:<22}{value:>14.1f}{cpu:>10.1f}{both:>24}")
 
 
 if __name__ == "__main__":

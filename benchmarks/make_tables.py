@@ -419,9 +419,9 @@ def _ws_rows(source: str) -> list[Row]:
         if v is None or "ours_env_load_s" not in v:
             return None
         return [
-            "env load, cold caches (s)",
+            "env load (s)",
             "",
-            f"{num(v['ours_env_load_s'])} (catalogue, index, titles tagged)",
+            f"{num(v['ours_env_load_s'])} (catalogue, index, title nouns; on-disk caches as found)",
             "",
             "",
             "",
@@ -486,18 +486,33 @@ def _ws_ours_rows(source: str) -> list[Row]:
             "",
             f"{ms(p['step']['median_ms'])} / {ms(p['reset']['median_ms'])}",
             "",
+            "",
+            "",
+        ]
+
+    def search_cells(label: str, s: Results) -> Cells:
+        """pyserini against bm25s, one query per call, the backends alternating query by query:
+        per-call medians, then each repeat's total CPU and wall time, pyserini / bm25s."""
+        py, bm = s["pyserini"], s["bm25s"]
+        if "total_cpu_ratio" in s:
+            cpu = ratio_cell(s["total_cpu_ratio"], s["total_cpu_ratios_per_repeat"], bold=True)
+            wall = ratio_cell(s["total_time_ratio"], s["total_time_ratios_per_repeat"])
+        else:
+            cpu, wall = "wall only (no CPU time in this run)", ""
+        return [
+            label,
+            f"pyserini {ms(py['median_ms'])}",
+            f"bm25s {ms(bm['median_ms'])}",
+            x(py["median_ms"] / bm["median_ms"]),
+            cpu,
+            wall,
         ]
 
     def search(d: Results) -> Cells | None:
         s = d.get("search_latency_small_catalogue")
         if s is None:
             return None
-        return [
-            "search, one query per call (median ms)",
-            f"pyserini {ms(s['pyserini']['median_ms'])}",
-            f"bm25s {ms(s['bm25s']['median_ms'])}",
-            f"{x(s['pyserini_over_bm25s_median'])} (wall only)",
-        ]
+        return search_cells("search, one query per call (median ms)", s)
 
     def memory(d: Results) -> Cells | None:
         m = d.get("memory")
@@ -508,6 +523,8 @@ def _ws_ours_rows(source: str) -> list[Row]:
             "",
             f"{num(m['envs_128_process_rss_mb'])} (one env: {num(m['one_env_process_rss_mb'])})",
             f"{m['envs_128_over_one_env_process']:.2f}x of one",
+            "",
+            "",
         ]
 
     def layout(d: Results) -> Cells | None:
@@ -526,6 +543,8 @@ def _ws_ours_rows(source: str) -> list[Row]:
             f"{num(m['verl_agent_layout_128_processes_rss_mb'])} "
             f"(128 x {num(m['one_env_process_rss_mb'])})",
             "",
+            "",
+            "",
         ]
 
     def scaling(size: str) -> Row:
@@ -533,13 +552,7 @@ def _ws_ours_rows(source: str) -> list[Row]:
             s = d.get("search_latency_vs_catalogue_size", {}).get(size)
             if s is None or "pyserini" not in s:
                 return None
-            ratio = s["pyserini"]["median_ms"] / s["bm25s"]["median_ms"]
-            return [
-                f"search, {int(size):,}-product catalogue (median ms)",
-                f"pyserini {ms(s['pyserini']['median_ms'])}",
-                f"bm25s {ms(s['bm25s']['median_ms'])}",
-                f"{x(ratio)} (wall only)",
-            ]
+            return search_cells(f"search, generated {int(size):,}-product catalogue (median ms)", s)
 
         return Row(source, make)
 
@@ -564,17 +577,33 @@ def _sr1_turn_row(source: str, batch: str) -> Row:
         b = d.get("by_batch_size", {}).get(batch)
         if b is None:
             return None
-        med, turn, total = b["per_turn_median_ms"], b["ratio_median_turn"], b["ratio_total_time"]
+        med, turn = b["per_turn_median_ms"], b["ratio_median_turn"]
         return [
             batch,
             ms(med["search_r1"]),
             f"{ms(med['ours_env'])} / {ms(med['ours_batched'])}",
             f"{x(turn['ours_env'])} / {x(turn['ours_batched'])}",
-            "wall only (no CPU time in this run)",
-            f"**{x(total['ours_env'])} / {x(total['ours_batched'])}**",
+            _sr1_env_batched(b, "cpu", bold=True),
+            _sr1_env_batched(b, "time"),
         ]
 
     return Row(source, make)
+
+
+def _sr1_env_batched(b: Results, clock: str, bold: bool = False) -> str:
+    """``env / batched`` total-time ratios in ``clock`` ("cpu" or "time"), each with its repeats."""
+    if f"ratio_total_{clock}" not in b:
+        return "wall only (no CPU time in this run)"
+    total = b[f"ratio_total_{clock}"]
+    head = f"{x(total['ours_env'])} / {x(total['ours_batched'])}"
+    per = b.get(f"ratio_total_{clock}_per_repeat")
+    if per is None:
+        return f"**{head}**" if bold else head
+    return (
+        (f"**{head}**" if bold else head)
+        + f" (per repeat, env: {per_repeat(per['ours_env'])}; batched: "
+        + f"{per_repeat(per['ours_batched'])})"
+    )
 
 
 def _sr1_bm25_row(source: str, batch: str) -> Row:
@@ -629,8 +658,21 @@ def _reward_row(label: str, key: str) -> Row:
         us = d.get("us_per_purchase_median", {})
         if key not in us:
             return None
-        ratio = us["webshop_get_reward"] / us[key]
-        return [label, num(us[key]), x(ratio)]
+        cpu_us = d.get("cpu_us_per_purchase_median")
+        if cpu_us is None:  # a run without CPU time
+            return [label, num(us[key]), WALL_ONLY, x(us["webshop_get_reward"] / us[key])]
+        if key == "webshop_get_reward":
+            return [label, f"{num(us[key])} / {num(cpu_us[key])}", "1x", "1x"]
+        return [
+            label,
+            f"{num(us[key])} / {num(cpu_us[key])}",
+            ratio_cell(
+                d["cpu_speedup_vs_webshop"][key],
+                d["cpu_speedup_vs_webshop_per_round"][key],
+                bold=True,
+            ),
+            ratio_cell(d["speedup_vs_webshop"][key], d["speedup_vs_webshop_per_round"][key]),
+        ]
 
     return Row("webshop_reward.json", make)
 
@@ -767,10 +809,32 @@ def _snapshot_row(env_id: str) -> Row:
     return Row("snapshot.json", make)
 
 
-def _ray_row(label: str, key: str, ratio: str, unit: str = "") -> Row:
+def _ray_row(label: str, key: str, ratio: str, unit: str = "", cpu: tuple[str, str] = ()) -> Row:
+    """One measure of both layouts, its ratio with each repeat's, and where ``cpu`` names a
+    (measure key, ratio key) pair, the same in CPU time (the driver and every Ray process)."""
+
     def make(d: Results) -> Cells:
-        per_env, batched = d["median"]["per_env_actors"][key], d["median"]["batched_actors"][key]
-        return [label, num(per_env), num(batched), x(d["ratios"][ratio]) + unit]
+        med = d["median"]
+        per_env, batched = med["per_env_actors"], med["batched_actors"]
+        repeats = d.get("ratios_per_repeat", {})
+
+        def cell(name: str, suffix: str, bold: bool = False) -> str:
+            if name not in repeats:
+                return x(d["ratios"][name]) + suffix
+            head = x(d["ratios"][name]) + suffix
+            return f"{f'**{head}**' if bold else head} (per repeat: {per_repeat(repeats[name])})"
+
+        values = [num(per_env[key]), num(batched[key])]
+        if not cpu:
+            return [label, *values, cell(ratio, unit), ""]
+        cpu_key, cpu_ratio = cpu
+        if cpu_key not in per_env:
+            return [label, *values, cell(ratio, unit), "wall only (no CPU time in this run)"]
+        values = [
+            f"{v} ({num(layout[cpu_key])})"
+            for v, layout in zip(values, (per_env, batched), strict=True)
+        ]
+        return [label, *values, cell(ratio, unit), cell(cpu_ratio, unit, bold=True)]
 
     return Row("ray_scaleout.json", make)
 
@@ -1095,8 +1159,8 @@ ALFWORLD_HELD_OUT_COMMAND = (
     "--skip memory group --out benchmarks/results/alfworld_valid_train.json"
 )
 SEARCHR1_COMMAND = (
-    "python benchmarks/bench_searchr1.py --search-r1 ~/Search-R1 --repeats 3 --max-turns 20 "
-    "--warmup 10 --out benchmarks/results/searchr1.json"
+    "python benchmarks/bench_searchr1.py --search-r1 ~/Search-R1 --repeats 5 --passes 8 "
+    "--max-turns 1600 --warmup 10 --out benchmarks/results/searchr1.json"
 )
 
 
@@ -1154,13 +1218,31 @@ def _perf_searchr1(d: Results) -> Cells | None:
             f"{n} quer{'y' if n == '1' else 'ies'}: {x(b[n]['ratio_median_turn']['ours_env'])}"
             for n in sizes
         ),
-        "wall only (no CPU time in this run)",
-        "; ".join(f"{n}: {x(b[n]['ratio_total_time']['ours_env'])}" for n in sizes)
-        + " (batched in-process: "
-        + " / ".join(x(b[n]["ratio_total_time"]["ours_batched"]) for n in sizes)
-        + ")",
+        _perf_sr1_turn_ratios(b, sizes, "cpu"),
+        _perf_sr1_turn_ratios(b, sizes, "time"),
         command(SEARCHR1_COMMAND),
     ]
+
+
+def _perf_sr1_turn_ratios(b: Results, sizes: list[str], clock: str) -> str:
+    """Per queries per turn, the env-stepping total ratio in ``clock`` (bold where CPU) with its
+    repeats, then the batched in-process ratios."""
+    if any(f"ratio_total_{clock}" not in b[n] for n in sizes):
+        return "wall only (no CPU time in this run)"
+
+    def env(n: str) -> str:
+        per = b[n].get(f"ratio_total_{clock}_per_repeat")
+        value = b[n][f"ratio_total_{clock}"]["ours_env"]
+        if per is None:
+            return x(value)
+        return ratio_cell(value, per["ours_env"], bold=clock == "cpu")
+
+    return (
+        "; ".join(f"{n}: {env(n)}" for n in sizes)
+        + " (batched in-process: "
+        + " / ".join(x(b[n][f"ratio_total_{clock}"]["ours_batched"]) for n in sizes)
+        + ")"
+    )
 
 
 def _per_repeat_ratios(peer: Sequence[float], ours: Sequence[float]) -> list[float]:
@@ -1288,12 +1370,20 @@ TABLES: list[Table] = [
     Table(
         name="webshop-ours",
         file=BENCH_README,
-        header=["measure", "stock WebShop", "agentgym", "ratio"],
+        header=[
+            "measure",
+            "stock WebShop",
+            "agentgym",
+            "median ratio",
+            "total CPU time ratio",
+            "total wall ratio",
+        ],
         rows=_ws_ours_rows(WEBSHOP_FULL),
         caption=lambda load: (
             None
             if load(WEBSHOP_FULL) is None
-            else f"Ours alone, 1000-product catalogue, medians (`results/{WEBSHOP_FULL}`, "
+            else "WebShop's 1000-product catalogue, or generated ones where a size is given; "
+            f"medians over repeats (`results/{WEBSHOP_FULL}`, "
             f"commit {load(WEBSHOP_FULL).get('commit', '?')}):"
         ),
     ),
@@ -1312,8 +1402,8 @@ TABLES: list[Table] = [
             "Search-R1 per turn (median ms)",
             "ours env / batched (median ms)",
             "median turn ratio: env / batched",
-            "total CPU time ratio",
-            "**total wall ratio: env / batched**",
+            "**total CPU time ratio: env / batched**",
+            "total wall ratio: env / batched",
         ],
         rows=[_sr1_turn_row(SEARCHR1, n) for n in ("1", "16", "128")],
     ),
@@ -1367,7 +1457,7 @@ TABLES += [
     Table(
         name="webshop-reward",
         file=BENCH_README,
-        header=["", "us per purchase", "vs WebShop (wall only)"],
+        header=["", "us per purchase, wall / CPU", "vs WebShop, CPU time", "vs WebShop, wall"],
         rows=[
             _reward_row("WebShop's `get_reward`", "webshop_get_reward"),
             _reward_row("ours, spaCy nouns, titles already seen", "ours_spacy_warm"),
@@ -1467,7 +1557,8 @@ TABLES += [
             "measure",
             "one actor per env",
             "batched actors",
-            "ratio",
+            "ratio: wall clock or memory",
+            "ratio: CPU time",
         ],
         caption=lambda load: (
             None
@@ -1478,13 +1569,21 @@ TABLES += [
         ),
         rows=[
             _ray_row(
-                "startup (s)", "startup_s", "startup_per_env_over_batched", " faster (wall only)"
+                "startup, wall s (CPU s)",
+                "startup_s",
+                "startup_per_env_over_batched",
+                " faster",
+                ("startup_cpu_s", "startup_cpu_per_env_over_batched"),
             ),
             _ray_row(
                 "summed actor RSS (MB)", "actor_rss_mb", "memory_per_env_over_batched", " less"
             ),
             _ray_row(
-                "env steps/s", "steps_per_s", "steps_per_s_batched_over_per_env", " (wall only)"
+                "env steps per wall s (per CPU s)",
+                "steps_per_s",
+                "steps_per_s_batched_over_per_env",
+                "",
+                ("steps_per_cpu_s", "steps_per_cpu_s_batched_over_per_env"),
             ),
         ],
     ),
