@@ -116,4 +116,19 @@ def test_smollm2_scored_two_iterations(smollm2_path, tmp_path):
         checkpoint_every=0, out_dir=str(tmp_path / "run"), progress=False, tensorboard=False,
         plot=False, quiet=True,
     )  # fmt: skip
-    check("SMOLLM2_SCORED", run(config, tmp_path))
+    records, digest = run(config, tmp_path)
+    check("SMOLLM2_SCORED", (records, digest))
+    # What the pin stands for: the scorer's log-probs are the trainer's forward pass per token,
+    # the update reached the weights, and they moved from the user's model.
+    for record in records:
+        if "rollout/success_rate" in record:
+            assert record["rollout/logprob_diff"] < 1e-3 and record["update/grad_norm"] > 0
+    from safetensors.torch import load_file
+
+    before = load_file(str(smollm2_path / "model.safetensors"))
+    after = load_file(
+        str(tmp_path / "run" / f"checkpoint-{config.iterations}" / "model.safetensors")
+    )
+    shared = sorted(set(before) & set(after))
+    changed = [k for k in shared if not torch.equal(before[k], after[k])]
+    assert shared and len(changed) > len(shared) // 2, (len(changed), len(shared))
