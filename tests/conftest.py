@@ -33,10 +33,28 @@ def pytest_configure(config):
     # Ctrl-C tests (in-process, and SIGINT sent to an `agentgym eval` child) need it back.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # A worker of `-n N`: the controller already made the session's cache and set the
+        # thread count, and the worker's environment inherited both.
+        return
+    if _xdist_workers(config) > 1:
+        # N workers share the cores: torch, BLAS and FAISS in every worker and every
+        # subprocess a test starts take one thread each, never N x cores (spinning threads
+        # that wait for a descheduled sibling are many times slower, not faster).
+        os.environ["OMP_NUM_THREADS"] = "1"
+        os.environ["MKL_NUM_THREADS"] = "1"
     _user_models = models_cache_dir()
     _session_cache = tempfile.mkdtemp(prefix="agentgym-test-cache-")
     os.environ["AGENTGYM_CACHE"] = _session_cache
     _link_user_smollm2(Path(_session_cache) / "models")
+
+
+def _xdist_workers(config) -> int:
+    """How many pytest-xdist workers this run starts (0 without `-n`, or without xdist)."""
+    workers = getattr(config.option, "numprocesses", None) or 0
+    if workers in ("auto", "logical"):
+        return os.cpu_count() or 1
+    return int(workers)
 
 
 def _link_user_smollm2(session_models: Path) -> None:
@@ -76,7 +94,8 @@ def pytest_collection_finish(session):
     config = session.config
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and config.option.verbose < 0 and not config.option.collectonly:
-        reporter.write_line(f"running {len(session.items)} tests")
+        count = len(session.items)
+        reporter.write_line(f"running {count} test{'s' if count != 1 else ''}")
 
 
 # Fixtures whose tests run the real SmolLM2, or read real benchmark data: such tests carry the
@@ -93,6 +112,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.realmodel)
         if used & REALDATA_FIXTURES:
             item.add_marker(pytest.mark.realdata)
+        if "smollm2_server" in used:
+            # with -n N (--dist loadgroup), one worker runs them all: the server starts once
+            item.add_marker(pytest.mark.xdist_group("smollm2_server"))
 
 
 SHARED_DATA = Path(
