@@ -614,14 +614,45 @@ def _sokoban_row(label: str, key: str) -> Row:
         repeats = [o / t for o, t in zip(r["ours"], r["theirs"], strict=True) if t > 0]
         empty = len(r["theirs"]) - len(repeats)  # repeats in which theirs finished no room
         none = f"; {empty} with none of theirs" if empty else ""
+        if "ratios_cpu" not in r:  # a run from before CPU time was recorded
+            return [
+                label,
+                num(r["ours_median"]),
+                num(r["theirs_median"]),
+                WALL_ONLY,
+                f"{x(r['ratio'])} (per repeat: {per_repeat(repeats)}{none})",
+            ]
         return [
             label,
             num(r["ours_median"]),
             num(r["theirs_median"]),
-            f"{x(r['ratio'])} ({WALL_ONLY}; per repeat: {per_repeat(repeats)}{none})",
+            f"**{x(r['ratio_cpu'])}** (per repeat: {per_repeat(r['ratios_cpu'])}{none})",
+            f"{x(r['ratio'])} (per repeat: {per_repeat(r['ratios'])}{none})",
         ]
 
     return Row("sokoban.json", make)
+
+
+def _load_note(d: Results) -> str:
+    """``load average 3.1 before and 4.2 after`` from a run's JSON, or nothing."""
+    load = d.get("load_average_1min_before_after")
+    return f", load average {load[0]:.1f} before and {load[1]:.1f} after" if load else ""
+
+
+def _sokoban_caption(load: Callable[[str], Results | None]) -> str | None:
+    d = load("sokoban.json")
+    if d is None:
+        return None
+    s = d["settings"]
+    return (
+        f"Medians of {s['repeats']} repeats, ours and theirs alternating; per repeat "
+        f"{s['steps']:,} of our steps against {s.get('steps_theirs', s['steps']):,} of theirs "
+        f"(and {s['rgb_steps']:,} in `rgb_array`), {s['rooms_small']:,} against "
+        f"{s['rooms_small_theirs']:,} 6x6 rooms, {s['rooms_large']:,} 10x10 rooms against what "
+        f"gym-sokoban finishes in {num(s['budget'])} s of its CPU time; rates per wall second, "
+        "ratios in process CPU time and in wall clock, garbage collected between timed sections "
+        f"(`results/sokoban.json`{_load_note(d)}):"
+    )
 
 
 def _reward_row(label: str, key: str) -> Row:
@@ -682,18 +713,31 @@ def _vector_rows(source: str, label: str) -> list[Row]:
 def _advantage_rows() -> list[Row]:
     keys = {"int_keys": "int codes", "python_keys": "Python keys"}
 
+    def cells(label: str, r: Results) -> Cells:
+        if "speedups_cpu" not in r:  # a run from before CPU time was recorded
+            return [
+                label,
+                f"{r['rows']:,}",
+                num(r["reference_ms"]),
+                num(r["fast_ms"]),
+                WALL_ONLY,
+                x(r["speedup"]),
+            ]
+        return [
+            label,
+            f"{r['rows']:,}",
+            num(r["reference_cpu_ms"]),
+            num(r["fast_cpu_ms"]),
+            ratio_cell(r["speedup_cpu"], r["speedups_cpu"], bold=True),
+            ratio_cell(r["speedup"], r["speedups"]),
+        ]
+
     def batch(i: int) -> Row:
         def make(d: Results) -> Cells | None:
             if i >= len(d.get("results", [])):
                 return None
             r = d["results"][i]
-            return [
-                f"{r['estimator']}, {keys.get(r['state_keys'], r['state_keys'])}",
-                f"{r['rows']:,}",
-                num(r["reference_ms"]),
-                num(r["fast_ms"]),
-                x(r["speedup"]),
-            ]
+            return cells(f"{r['estimator']}, {keys.get(r['state_keys'], r['state_keys'])}", r)
 
         return Row("advantage.json", make)
 
@@ -701,18 +745,27 @@ def _advantage_rows() -> list[Row]:
         def make(d: Results) -> Cells | None:
             if i >= len(d.get("scaling_gigpo_int_keys", [])):
                 return None
-            r = d["scaling_gigpo_int_keys"][i]
-            return [
-                "gigpo, int codes",
-                f"{r['rows']:,}",
-                num(r["reference_ms"]),
-                num(r["fast_ms"]),
-                x(r["speedup"]),
-            ]
+            return cells("gigpo, int codes", d["scaling_gigpo_int_keys"][i])
 
         return Row("advantage.json", make)
 
     return [*(batch(i) for i in range(6)), *(scaled(i) for i in range(4))]
+
+
+def _advantage_caption(load: Callable[[str], Results | None]) -> str | None:
+    d = load("advantage.json")
+    if d is None:
+        return None
+    if "rounds" not in d:
+        return (
+            f"Medians of {d['repeats']} rounds, one process, load average "
+            f"{d['load_average_1m']:.1f} (`results/advantage.json`):"
+        )
+    return (
+        f"Medians of {d['repeats']} repeats of {d['rounds']} rounds (one reference call, then 8 "
+        "fast calls) in one process, per call in process CPU time; speed-ups in CPU time and in "
+        f"wall clock, each repeat's in brackets (`results/advantage.json`{_load_note(d)}):"
+    )
 
 
 def _searchqa_row(label: str, key: str) -> Row:
@@ -1322,7 +1375,7 @@ TABLES += [
     Table(
         name="sokoban",
         file=BENCH_README,
-        header=["measure", "agentgym", "gym-sokoban", "ratio"],
+        header=["measure", "agentgym", "gym-sokoban", "CPU time ratio", "wall ratio"],
         rows=[
             _sokoban_row(
                 "steps/s, 6x6/1 box, random moves (theirs: `tiny_rgb_array` observation, its "
@@ -1339,12 +1392,7 @@ TABLES += [
                 "rooms_per_s_10x10_3box",
             ),
         ],
-        caption=lambda load: (
-            None
-            if load("sokoban.json") is None
-            else f"Medians of {load('sokoban.json')['settings']['repeats']} interleaved repeats, "
-            "wall clock (`results/sokoban.json`; no CPU time in this run):"
-        ),
+        caption=_sokoban_caption,
     ),
     Table(
         name="webshop-reward",
@@ -1402,14 +1450,16 @@ TABLES += [
     Table(
         name="advantage",
         file=BENCH_README,
-        header=["estimator, keys", "rows", "reference (ms)", "fast (ms)", "speed-up (wall only)"],
+        header=[
+            "estimator, keys",
+            "rows",
+            "reference (CPU ms)",
+            "fast (CPU ms)",
+            "speed-up, CPU time",
+            "speed-up, wall",
+        ],
         rows=_advantage_rows(),
-        caption=lambda load: (
-            None
-            if load("advantage.json") is None
-            else f"Medians of {load('advantage.json')['repeats']} rounds, one process, load "
-            f"average {load('advantage.json')['load_average_1m']:.1f} (`results/advantage.json`):"
-        ),
+        caption=_advantage_caption,
     ),
     Table(
         name="searchqa",
