@@ -697,17 +697,45 @@ def _vector_rows(source: str, label: str) -> list[Row]:
             if i >= len(d.get("results", [])):
                 return None
             r = d["results"][i]
+            if "ratios_cpu" in r:
+                ratios = [
+                    ratio_cell(r["process_over_inprocess_cpu"], r["ratios_cpu"]),
+                    ratio_cell(r["process_over_inprocess"], r["ratios"]),
+                ]
+            else:  # a run from before CPU time was recorded
+                ratios = [WALL_ONLY, f"{r['process_over_inprocess']:.2f}"]
             return [
                 label,
                 f"{r['num_envs']:,}",
                 num(r["inprocess"]["median_steps_per_s"]),
                 num(r["process"]["median_steps_per_s"]),
-                f"{r['process_over_inprocess']:.2f}",
+                *ratios,
             ]
 
         return Row(source, make)
 
     return [row(i) for i in range(8)]
+
+
+def _vector_caption(load: Callable[[str], Results | None]) -> str | None:
+    runs = [
+        (name, d)
+        for name in ("vector.json", "vector_alfworld_synthetic.json")
+        if (d := load(name)) is not None and "min_env_steps" in d
+    ]
+    if not runs:
+        return None
+    each = "; ".join(
+        f"`{d['env'].split('/')[-1]}`: {d['repeats']} repeats of at least "
+        f"{d['min_env_steps']:,} env steps (`results/{name}`{_load_note(d)})"
+        for name, d in runs
+    )
+    return (
+        "Medians over repeats, in-process and pool alternating, env steps per wall second; "
+        "pool / in-process in CPU time (env steps per CPU second of the main process and the "
+        f"pool's {runs[0][1]['workers']} workers) and in wall clock, each repeat's in brackets. "
+        f"{each}:"
+    )
 
 
 def _advantage_rows() -> list[Row]:
@@ -805,6 +833,20 @@ def _snapshot_row(env_id: str) -> Row:
         r = d.get("results", {}).get(f"AgentGym/{env_id}")
         if r is None:
             return None
+        if "ratios_deepcopy_to_snapshot_plus_restore_cpu" in r:
+            ratios = [
+                ratio_cell(
+                    r["ratio_deepcopy_to_snapshot_plus_restore_cpu"],
+                    r["ratios_deepcopy_to_snapshot_plus_restore_cpu"],
+                    bold=True,
+                ),
+                ratio_cell(
+                    r["ratio_deepcopy_to_snapshot_plus_restore"],
+                    r["ratios_deepcopy_to_snapshot_plus_restore"],
+                ),
+            ]
+        else:  # a run from before CPU time was recorded
+            ratios = [WALL_ONLY, x(r["ratio_deepcopy_to_snapshot_plus_restore"])]
         return [
             env_id,
             num(r["snapshot_us"]),
@@ -814,10 +856,24 @@ def _snapshot_row(env_id: str) -> Row:
             num(r["step_us"]),
             num(r["replay_us"]),
             num(r["deepcopy_us"]),
-            x(r["ratio_deepcopy_to_snapshot_plus_restore"]),
+            *ratios,
         ]
 
     return Row("snapshot.json", make)
+
+
+def _snapshot_caption(load: Callable[[str], Results | None]) -> str | None:
+    d = load("snapshot.json")
+    if d is None:
+        return None
+    s = d["settings"]
+    return (
+        f"Medians of {s['repeats']} interleaved repeats of {s['calls']:,} calls ("
+        f"{max(s['calls'] // 10, 5):,} for step, replay and deepcopy): per call, the median "
+        "call in wall clock (each call timed alone); deepcopy / (snapshot + restore) in process "
+        "CPU time (each batch's CPU time per call) and in wall clock, each repeat's in brackets, "
+        f"garbage collected between batches (`results/snapshot.json`{_load_note(d)}):"
+    )
 
 
 def _ray_row(label: str, key: str, ratio: str, unit: str = "") -> Row:
@@ -1439,9 +1495,11 @@ TABLES += [
             "envs",
             "in-process (env steps/s)",
             "process pool (env steps/s)",
-            "pool / in-process (wall only)",
+            "pool / in-process, CPU time",
+            "pool / in-process, wall",
         ],
-        numeric=[False, True, True, True, True],
+        numeric=[False, True, True, True, True, True],
+        caption=_vector_caption,
         rows=[
             *_vector_rows("vector.json", "Sokoban-v0"),
             *_vector_rows("vector_alfworld_synthetic.json", "ALFWorld-Synthetic-v0"),
@@ -1488,9 +1546,11 @@ TABLES += [
             "step (us)",
             "replay (us)",
             "deepcopy (us)",
-            "deepcopy / (snapshot + restore), wall only",
+            "deepcopy / (snapshot + restore), CPU time",
+            "deepcopy / (snapshot + restore), wall",
         ],
         rows=[_snapshot_row(i) for i in SNAPSHOT_IDS],
+        caption=_snapshot_caption,
     ),
     Table(
         name="ray-scaleout",
