@@ -9,7 +9,10 @@ Backends measured on the same seeded corpora (1k, 10k, 100k short passages) and 
   PyStemmer's Porter, ``BM25(method="lucene")``, ``retrieve``): the peer for speed, and what
   "bm25s instead of pyserini" gives without our analyzer.
 
-Measures, each repeated ``--repeats`` times (medians reported):
+Measures, each repeated ``--repeats`` times with the backends alternating within a repeat
+(medians reported, and every repeat's ratio against agentgym-bm25s), each in wall clock and in
+process CPU time (``time.process_time``: pyserini's JVM runs in this process, so its indexing,
+JIT and GC threads count), garbage collected before each timed section and off inside it:
 
 (a) build: seconds and documents/s.
 (b) search latency, k=10: batches of 50 queries per call (mean per-query time, median over
@@ -23,7 +26,7 @@ Measures, each repeated ``--repeats`` times (medians reported):
 
 Run::
 
-    python benchmarks/bench_bm25.py                 # all sizes, ~5 minutes on 2 cores
+    python benchmarks/bench_bm25.py                 # all sizes, ~10 minutes on 2 cores
     python benchmarks/bench_bm25.py --sizes 1000 10000 --repeats 5
 
 Writes ``benchmarks/results/bm25.json`` and prints a table. pyserini needs Java 21+ (see
@@ -33,6 +36,7 @@ Writes ``benchmarks/results/bm25.json`` and prints a table. pyserini needs Java 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -145,10 +149,24 @@ def build_stock_bm25s(passages: list[str]) -> Searcher:
 # ---------------------------------------------------------------------------------------------
 
 
-def timed(fn: Callable[[], object]) -> tuple[float, object]:
-    t0 = time.perf_counter()
+def timed(fn: Callable[[], object]) -> tuple[float, float, object]:
+    """Wall and process CPU seconds of ``fn()`` (the JVM behind pyserini runs in this process,
+    so its threads count), and its result."""
+    t0, c0 = time.perf_counter(), time.process_time()
     out = fn()
-    return time.perf_counter() - t0, out
+    return time.perf_counter() - t0, time.process_time() - c0, out
+
+
+class _no_gc:
+    """Collect garbage before a timed section and keep the collector off inside it, so that no
+    backend pays for collecting another's objects."""
+
+    def __enter__(self) -> None:
+        gc.collect()
+        gc.disable()
+
+    def __exit__(self, *exc) -> None:
+        gc.enable()
 
 
 BATCH = 50
@@ -157,22 +175,38 @@ BATCH = 50
 def latency(search: Searcher, queries: list[str], single: list[str]) -> dict[str, float]:
     """Mean per-query time in batches of ``BATCH`` queries per call (median over the batches,
     which keeps bursts of load from other processes out), and single-query mean/median/p99, in
-    ms. Query costs are skewed (a query of common words touches most documents), so compare the
-    batched figure with the single-query mean, not the median."""
-    per_batch = []
-    for start in range(0, len(queries) - BATCH + 1, BATCH):
-        batch_s, _ = timed(lambda start=start: search(queries[start : start + BATCH], 10))
-        per_batch.append(batch_s / BATCH)
-    per_query = []
-    for q in single:
-        s, _ = timed(lambda q=q: search([q], 10))
-        per_query.append(s)
+    ms; the same in process CPU time (``*_cpu_*``). Query costs are skewed (a query of common
+    words touches most documents), so compare the batched figure with the single-query mean,
+    not the median."""
+    per_batch, per_batch_cpu = [], []
+    with _no_gc():
+        for start in range(0, len(queries) - BATCH + 1, BATCH):
+            wall, cpu, _ = timed(lambda start=start: search(queries[start : start + BATCH], 10))
+            per_batch.append(wall / BATCH)
+            per_batch_cpu.append(cpu / BATCH)
+    per_query, per_query_cpu = [], []
+    with _no_gc():
+        for q in single:
+            wall, cpu, _ = timed(lambda q=q: search([q], 10))
+            per_query.append(wall)
+            per_query_cpu.append(cpu)
     return {
         "batched_ms_per_query": 1e3 * statistics.median(per_batch),
+        "batched_cpu_ms_per_query": 1e3 * statistics.median(per_batch_cpu),
         "single_mean_ms": 1e3 * statistics.fmean(per_query),
         "single_median_ms": 1e3 * statistics.median(per_query),
         "single_p99_ms": 1e3 * float(np.percentile(per_query, 99)),
+        "single_cpu_mean_ms": 1e3 * statistics.fmean(per_query_cpu),
+        "single_cpu_median_ms": 1e3 * statistics.median(per_query_cpu),
     }
+
+
+#: the measures a repeat gives per-repeat ratios for: wall-clock key, CPU-time key
+RATIO_KEYS = {
+    "build": ("build_s", "build_cpu_s"),
+    "batched": ("batched_ms_per_query", "batched_cpu_ms_per_query"),
+    "single": ("single_median_ms", "single_cpu_median_ms"),
+}
 
 
 def agreement(ref: tuple[np.ndarray, np.ndarray], got: tuple[np.ndarray, np.ndarray], tol=2e-4):
@@ -217,13 +251,14 @@ def lucene_exact_gap(lucene_index: BM25Index, ours: BM25Index, queries: list[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 100_000])
-    parser.add_argument("--queries", type=int, default=500, help="queries per corpus")
-    parser.add_argument("--single", type=int, default=200, help="queries timed one at a time")
+    parser.add_argument("--queries", type=int, default=2000, help="queries per corpus")
+    parser.add_argument("--single", type=int, default=500, help="queries timed one at a time")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-pyserini", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
+    pruned.warm_up(block=True)  # compile the pruned search once, outside every timed build
     workdir = Path(tempfile.mkdtemp(prefix="bench-bm25-"))
     backends: dict[str, Callable[[list[str]], Searcher]] = {
         "agentgym-bm25s": build_agentgym("bm25s", workdir),
@@ -238,8 +273,20 @@ def main() -> None:
     import bm25s
 
     versions["bm25s"] = bm25s.__version__
+    load_before = os.getloadavg()[0]
     results: dict = {
+        "command": "python benchmarks/bench_bm25.py "
+        + " ".join(
+            f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+            for k, v in vars(args).items()
+            if k not in ("out", "no_pyserini")
+        )
+        + (" --no-pyserini" if args.no_pyserini else ""),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), **versions},
+        "timing": "backends alternate within each repeat; wall clock and process CPU time "
+        "(time.process_time, which counts the in-process JVM's threads for pyserini) around each "
+        "build and each search call, garbage collected before each timed section and off "
+        "inside it; ratios_per_repeat: peer / agentgym-bm25s per repeat, medians over repeats",
         "repeats": args.repeats,
         "sizes": {},
     }
@@ -255,11 +302,23 @@ def main() -> None:
             runs: dict[str, list] = {name: [] for name in backends}
             for _ in range(args.repeats):  # interleaved repeats
                 for name, build in backends.items():
-                    build_s, search = timed(lambda build=build, p=passages: build(p))
+                    last = searchers.pop(name, None)  # the last repeat's index goes first
+                    if getattr(last, "index", None) is not None:
+                        last.index.close()  # type: ignore[union-attr]
+                    with _no_gc():
+                        build_s, build_cpu_s, search = timed(
+                            lambda build=build, p=passages: build(p)
+                        )
                     search(warmup, 10)
                     for q in warmup[:20]:
                         search([q], 10)
-                    runs[name].append({"build_s": build_s, **latency(search, queries, single)})
+                    runs[name].append(
+                        {
+                            "build_s": build_s,
+                            "build_cpu_s": build_cpu_s,
+                            **latency(search, queries, single),
+                        }
+                    )
                     searchers[name] = search
             for name, rs in runs.items():
                 med = {key: statistics.median(r[key] for r in rs) for key in rs[0]}
@@ -267,12 +326,31 @@ def main() -> None:
                 per_backend[name] = med
                 print(
                     f"{name:18s} build {med['build_s']:7.2f} s ({med['build_docs_per_s']:9,.0f} "
-                    f"docs/s)  batched {med['batched_ms_per_query']:6.3f} ms/q  single mean "
-                    f"{med['single_mean_ms']:6.3f} median {med['single_median_ms']:6.3f} p99 "
-                    f"{med['single_p99_ms']:6.3f} ms",
+                    f"docs/s, CPU {med['build_cpu_s']:7.2f} s)  batched "
+                    f"{med['batched_ms_per_query']:6.3f} ms/q (CPU "
+                    f"{med['batched_cpu_ms_per_query']:6.3f})  single mean "
+                    f"{med['single_mean_ms']:6.3f} median {med['single_median_ms']:6.3f} (CPU "
+                    f"{med['single_cpu_median_ms']:6.3f}) p99 {med['single_p99_ms']:6.3f} ms",
                     flush=True,
                 )
-            entry: dict = {"backends": per_backend}
+            entry: dict = {"backends": per_backend, "runs": runs}
+            # each repeat's ratio peer / ours (the backends alternate within a repeat), in wall
+            # clock and in process CPU time; medians over repeats
+            per_repeat: dict = {}
+            for peer in ("stock-bm25s", "agentgym-pyserini"):
+                if peer not in runs:
+                    continue
+                for measure, keys in RATIO_KEYS.items():
+                    for clock, key in zip(("wall", "cpu"), keys, strict=True):
+                        ratios = [
+                            theirs[key] / ours[key]
+                            for theirs, ours in zip(runs[peer], runs["agentgym-bm25s"], strict=True)
+                        ]
+                        per_repeat.setdefault(peer, {})[f"{measure}_{clock}"] = {
+                            "median": statistics.median(ratios),
+                            "repeats": ratios,
+                        }
+            entry["ratios_per_repeat"] = per_repeat
             ours = per_backend["agentgym-bm25s"]
             ratios = {}
             for peer in ("stock-bm25s", "agentgym-pyserini"):
@@ -321,6 +399,7 @@ def main() -> None:
             results["sizes"][str(n)] = entry
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    results["load_average_1min_before_after"] = [load_before, os.getloadavg()[0]]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {args.out}")
