@@ -11,8 +11,12 @@ Backends measured on the same seeded corpora (1k, 10k, 100k short passages) and 
 
 Measures, each repeated ``--repeats`` times with the backends alternating within a repeat
 (medians reported, and every repeat's ratio against agentgym-bm25s), each in wall clock and in
-process CPU time (``time.process_time``: pyserini's JVM runs in this process, so its indexing,
-JIT and GC threads count), garbage collected before each timed section and off inside it:
+CPU time: builds in process CPU time (``time.process_time``: pyserini's JVM runs in this process,
+so its indexing, JIT and GC threads count), searches in the searching thread's CPU time
+(``time.thread_time``: every backend searches on the calling thread, pyserini's through JNI; a
+JVM background thread overlapping one of our calls is not charged to it). Searches alternate
+between the backends batch by batch and query by query; garbage is collected before each timed
+section and kept off inside it:
 
 (a) build: seconds and documents/s.
 (b) search latency, k=10: batches of 50 queries per call (mean per-query time, median over
@@ -149,12 +153,16 @@ def build_stock_bm25s(passages: list[str]) -> Searcher:
 # ---------------------------------------------------------------------------------------------
 
 
-def timed(fn: Callable[[], object]) -> tuple[float, float, object]:
-    """Wall and process CPU seconds of ``fn()`` (the JVM behind pyserini runs in this process,
-    so its threads count), and its result."""
-    t0, c0 = time.perf_counter(), time.process_time()
+def timed(fn: Callable[[], object]) -> tuple[float, float, float, object]:
+    """Wall, process CPU and calling-thread CPU seconds of ``fn()``, and its result.
+
+    Every backend searches on the calling thread (pyserini's through JNI), so thread CPU time is
+    what a search costs; process CPU time also counts the in-process JVM's background threads
+    (JIT, GC, Lucene's merges), whichever call they overlap, so builds are reported in it.
+    """
+    t0, c0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
     out = fn()
-    return time.perf_counter() - t0, time.process_time() - c0, out
+    return time.perf_counter() - t0, time.process_time() - c0, time.thread_time() - h0, out
 
 
 class _no_gc:
@@ -172,32 +180,44 @@ class _no_gc:
 BATCH = 50
 
 
-def latency(search: Searcher, queries: list[str], single: list[str]) -> dict[str, float]:
-    """Mean per-query time in batches of ``BATCH`` queries per call (median over the batches,
-    which keeps bursts of load from other processes out), and single-query mean/median/p99, in
-    ms; the same in process CPU time (``*_cpu_*``). Query costs are skewed (a query of common
-    words touches most documents), so compare the batched figure with the single-query mean,
-    not the median."""
-    per_batch, per_batch_cpu = [], []
+def latency(
+    searchers: dict[str, Searcher], queries: list[str], single: list[str]
+) -> dict[str, dict[str, float]]:
+    """Per backend: mean per-query time in batches of ``BATCH`` queries per call (median over
+    the batches, which keeps bursts of load from other processes out), and single-query
+    mean/median/p99, in ms, wall clock; the same in the searching thread's CPU time
+    (``*_cpu_*``). The backends take turns batch by batch and query by query, so load drift
+    falls on all alike. Query costs are skewed (a query of common words touches most
+    documents), so compare the batched figure with the single-query mean, not the median."""
+    names = list(searchers)
+    batch_wall: dict[str, list[float]] = {name: [] for name in names}
+    batch_cpu: dict[str, list[float]] = {name: [] for name in names}
     with _no_gc():
-        for start in range(0, len(queries) - BATCH + 1, BATCH):
-            wall, cpu, _ = timed(lambda start=start: search(queries[start : start + BATCH], 10))
-            per_batch.append(wall / BATCH)
-            per_batch_cpu.append(cpu / BATCH)
-    per_query, per_query_cpu = [], []
+        for i, start in enumerate(range(0, len(queries) - BATCH + 1, BATCH)):
+            batch = queries[start : start + BATCH]
+            for name in names[i % len(names) :] + names[: i % len(names)]:  # rotate who leads
+                wall, _, cpu, _ = timed(lambda f=searchers[name], b=batch: f(b, 10))
+                batch_wall[name].append(wall / BATCH)
+                batch_cpu[name].append(cpu / BATCH)
+    one_wall: dict[str, list[float]] = {name: [] for name in names}
+    one_cpu: dict[str, list[float]] = {name: [] for name in names}
     with _no_gc():
-        for q in single:
-            wall, cpu, _ = timed(lambda q=q: search([q], 10))
-            per_query.append(wall)
-            per_query_cpu.append(cpu)
+        for i, q in enumerate(single):
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                wall, _, cpu, _ = timed(lambda f=searchers[name], q=q: f([q], 10))
+                one_wall[name].append(wall)
+                one_cpu[name].append(cpu)
     return {
-        "batched_ms_per_query": 1e3 * statistics.median(per_batch),
-        "batched_cpu_ms_per_query": 1e3 * statistics.median(per_batch_cpu),
-        "single_mean_ms": 1e3 * statistics.fmean(per_query),
-        "single_median_ms": 1e3 * statistics.median(per_query),
-        "single_p99_ms": 1e3 * float(np.percentile(per_query, 99)),
-        "single_cpu_mean_ms": 1e3 * statistics.fmean(per_query_cpu),
-        "single_cpu_median_ms": 1e3 * statistics.median(per_query_cpu),
+        name: {
+            "batched_ms_per_query": 1e3 * statistics.median(batch_wall[name]),
+            "batched_cpu_ms_per_query": 1e3 * statistics.median(batch_cpu[name]),
+            "single_mean_ms": 1e3 * statistics.fmean(one_wall[name]),
+            "single_median_ms": 1e3 * statistics.median(one_wall[name]),
+            "single_p99_ms": 1e3 * float(np.percentile(one_wall[name], 99)),
+            "single_cpu_mean_ms": 1e3 * statistics.fmean(one_cpu[name]),
+            "single_cpu_median_ms": 1e3 * statistics.median(one_cpu[name]),
+        }
+        for name in names
     }
 
 
@@ -283,10 +303,12 @@ def main() -> None:
         )
         + (" --no-pyserini" if args.no_pyserini else ""),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), **versions},
-        "timing": "backends alternate within each repeat; wall clock and process CPU time "
-        "(time.process_time, which counts the in-process JVM's threads for pyserini) around each "
-        "build and each search call, garbage collected before each timed section and off "
-        "inside it; ratios_per_repeat: peer / agentgym-bm25s per repeat, medians over repeats",
+        "timing": "backends alternate within each repeat (builds in turn, then searches batch "
+        "by batch and query by query); wall clock, and CPU time: process CPU for builds "
+        "(counts the in-process JVM's threads for pyserini), the calling thread's CPU for "
+        "searches (every backend searches on it); garbage collected before each timed section "
+        "and off inside it; ratios_per_repeat: peer / agentgym-bm25s per repeat, medians over "
+        "repeats",
         "repeats": args.repeats,
         "sizes": {},
     }
@@ -301,25 +323,23 @@ def main() -> None:
             searchers: dict[str, Searcher] = {}
             runs: dict[str, list] = {name: [] for name in backends}
             for _ in range(args.repeats):  # interleaved repeats
+                builds = {}
                 for name, build in backends.items():
                     last = searchers.pop(name, None)  # the last repeat's index goes first
                     if getattr(last, "index", None) is not None:
                         last.index.close()  # type: ignore[union-attr]
                     with _no_gc():
-                        build_s, build_cpu_s, search = timed(
+                        build_s, build_cpu_s, _, search = timed(
                             lambda build=build, p=passages: build(p)
                         )
-                    search(warmup, 10)
-                    for q in warmup[:20]:
+                    for _ in range(3):  # Lucene's JIT settles over a few hundred queries
+                        search(warmup, 10)
+                    for q in warmup:
                         search([q], 10)
-                    runs[name].append(
-                        {
-                            "build_s": build_s,
-                            "build_cpu_s": build_cpu_s,
-                            **latency(search, queries, single),
-                        }
-                    )
+                    builds[name] = {"build_s": build_s, "build_cpu_s": build_cpu_s}
                     searchers[name] = search
+                for name, figures in latency(searchers, queries, single).items():
+                    runs[name].append({**builds[name], **figures})
             for name, rs in runs.items():
                 med = {key: statistics.median(r[key] for r in rs) for key in rs[0]}
                 med["build_docs_per_s"] = n / med["build_s"]
