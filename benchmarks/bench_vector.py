@@ -5,8 +5,9 @@
         --out benchmarks/results/vector_alfworld_synthetic.json
 
 Each configuration runs at least ``--vec-steps`` batched steps and ``--min-env-steps`` env steps
-with random admissible actions (resetting when every env is done); repeat r runs the in-process
-env, then the pool, ``--repeats`` times. Only ``vec.step`` and ``vec.reset`` are timed, not the
+with random admissible actions (resetting when every env is done); after one untimed run of each
+(a worker parses its games once), repeat r runs the in-process env, then the pool, ``--repeats``
+times. Only ``vec.step`` and ``vec.reset`` are timed, not the
 policy: in wall clock, and in CPU time (the main process's ``time.process_time`` over the timed
 calls, plus the pool's workers' CPU time over the repeat, read with psutil: a worker idles between
 steps). Garbage is collected before each repeat and the collector is off inside it. The table gives
@@ -107,6 +108,8 @@ def main() -> None:
             for backend in ("inprocess", "process")
         }
         runs: dict[str, list[tuple[float, float]]] = {backend: [] for backend in vecs}
+        for vec in vecs.values():  # untimed: workers start, import and parse their games
+            measure(vec, vec_steps, args.repeats)
         for seed in range(args.repeats):  # interleaved: load drift falls on both alike
             for backend, vec in vecs.items():
                 runs[backend].append(measure(vec, vec_steps, seed))
