@@ -918,8 +918,9 @@ def _snapshot_caption(load: Callable[[str], Results | None]) -> str | None:
         f"Medians of {s['repeats']} interleaved repeats of {s['calls']:,} calls ("
         f"{max(s['calls'] // 10, 5):,} for step, replay and deepcopy): per call, the median "
         "call in wall clock (each call timed alone); deepcopy / (snapshot + restore) in process "
-        "CPU time (each batch's CPU time per call) and in wall clock, each repeat's in brackets, "
-        f"garbage collected between batches (`results/snapshot.json`{_load_note(d)}):"
+        "CPU time and in wall clock from blocks of 10 snapshots, 10 restores and 1 deepcopy "
+        "alternating, each repeat's in brackets; garbage collected between timed runs "
+        f"(`results/snapshot.json`{_load_note(d)}):"
     )
 
 
