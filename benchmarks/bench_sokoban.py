@@ -22,7 +22,7 @@ which needs ``setuptools<81`` and breaks on numpy 2 unless ``SokobanEnv`` is bui
     /tmp/venv-sokoban/bin/python benchmarks/bench_sokoban.py
 
 Every rate comes per wall second and per process CPU second of the timed sections (garbage
-collected before each section, collector off inside it); repeat r runs ours, then theirs, and
+collected before each measure, collector off while it runs); repeat r runs ours, then theirs, and
 each repeat gives its own ratio in both clocks (the CPU-time ratio is what the work costs
 whatever else the cores run). Writes ``benchmarks/results/sokoban.json`` and prints a table.
 """
@@ -76,7 +76,7 @@ def import_gym_sokoban():
     return GymSokoban, room_utils
 
 
-# -- timing ---------------------------------------------------------------------------------
+# -- timing ----------------------------------------------------------------------------------
 class Clock:
     """Wall and process CPU seconds of the timed sections only (``with clock:`` around each)."""
 
@@ -378,7 +378,8 @@ def main() -> None:
         },
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "timing": "rates per wall second and per process CPU second of the timed sections "
-        "(garbage collected before each, collector off inside); gym-sokoban's 10x10 rooms run "
+        "(garbage collected before each measure, collector off while it runs); gym-sokoban's "
+        "10x10 rooms run "
         "in a child process and count its own CPU time",
         "load_average_1min_before_after": [load_before, os.getloadavg()[0]],
         "notes": {

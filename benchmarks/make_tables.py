@@ -650,7 +650,7 @@ def _sokoban_caption(load: Callable[[str], Results | None]) -> str | None:
         f"(and {s['rgb_steps']:,} in `rgb_array`), {s['rooms_small']:,} against "
         f"{s['rooms_small_theirs']:,} 6x6 rooms, {s['rooms_large']:,} 10x10 rooms against what "
         f"gym-sokoban finishes in {num(s['budget'])} s of its CPU time; rates per process CPU "
-        "second, ratios in CPU time and in wall clock, garbage collected between timed sections "
+        "second, ratios in CPU time and in wall clock, garbage collected between measures "
         f"(`results/sokoban.json`{_load_note(d)}):"
     )
 
