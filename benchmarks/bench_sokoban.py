@@ -379,8 +379,7 @@ def main() -> None:
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "timing": "rates per wall second and per process CPU second of the timed sections "
         "(garbage collected before each measure, collector off while it runs); gym-sokoban's "
-        "10x10 rooms run "
-        "in a child process and count its own CPU time",
+        "10x10 rooms run in a child process and count its own CPU time",
         "load_average_1min_before_after": [load_before, os.getloadavg()[0]],
         "notes": {
             "steps_per_s": "ours: SokobanEnv.step (text observation + info) vs gym-sokoban "
