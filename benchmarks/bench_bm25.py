@@ -9,7 +9,15 @@ Backends measured on the same seeded corpora (1k, 10k, 100k short passages) and 
   PyStemmer's Porter, ``BM25(method="lucene")``, ``retrieve``): the peer for speed, and what
   "bm25s instead of pyserini" gives without our analyzer.
 
-Measures, each repeated ``--repeats`` times (medians reported):
+Measures, each repeated ``--repeats`` times with the backends alternating within a repeat
+(medians reported, and every repeat's ratio against agentgym-bm25s), each in wall clock and in
+CPU time: builds in process CPU time (``time.process_time``: pyserini's JVM runs in this process,
+so its indexing threads count), searches in the searching thread's CPU time (``time.thread_time``:
+every backend searches on the calling thread, pyserini's through JNI, and the process's figure
+would also charge a call with whatever JVM background work overlaps it; both are kept). Searches
+alternate between the backends batch by batch and query by query, after an untimed warm-up build
+and search of each backend (the JVM's start and JIT); garbage is collected before each timed
+section and kept off inside it:
 
 (a) build: seconds and documents/s.
 (b) search latency, k=10: batches of 50 queries per call (mean per-query time, median over
@@ -23,7 +31,7 @@ Measures, each repeated ``--repeats`` times (medians reported):
 
 Run::
 
-    python benchmarks/bench_bm25.py                 # all sizes, ~5 minutes on 2 cores
+    python benchmarks/bench_bm25.py                 # all sizes, ~10 minutes on 2 cores
     python benchmarks/bench_bm25.py --sizes 1000 10000 --repeats 5
 
 Writes ``benchmarks/results/bm25.json`` and prints a table. pyserini needs Java 21+ (see
@@ -33,6 +41,7 @@ Writes ``benchmarks/results/bm25.json`` and prints a table. pyserini needs Java 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -145,34 +154,89 @@ def build_stock_bm25s(passages: list[str]) -> Searcher:
 # ---------------------------------------------------------------------------------------------
 
 
-def timed(fn: Callable[[], object]) -> tuple[float, object]:
-    t0 = time.perf_counter()
+def timed(fn: Callable[[], object]) -> tuple[float, float, float, object]:
+    """Wall, process CPU and calling-thread CPU seconds of ``fn()``, and its result.
+
+    Every backend searches on the calling thread (pyserini's through JNI), but the JVM's
+    garbage collector runs on its own threads while that thread waits at a safepoint: process
+    CPU time counts that work (and any JVM background work overlapping a call, such as JIT
+    compilation), thread CPU time only the searching thread's. Builds are reported in process
+    CPU time (indexing may use more threads), searches in thread CPU time; the JSON keeps both.
+    """
+    t0, c0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
     out = fn()
-    return time.perf_counter() - t0, out
+    return time.perf_counter() - t0, time.process_time() - c0, time.thread_time() - h0, out
+
+
+class _no_gc:
+    """Collect garbage before a timed section and keep the collector off inside it, so that no
+    backend pays for collecting another's objects."""
+
+    def __enter__(self) -> None:
+        gc.collect()
+        gc.disable()
+
+    def __exit__(self, *exc) -> None:
+        gc.enable()
 
 
 BATCH = 50
 
 
-def latency(search: Searcher, queries: list[str], single: list[str]) -> dict[str, float]:
-    """Mean per-query time in batches of ``BATCH`` queries per call (median over the batches,
-    which keeps bursts of load from other processes out), and single-query mean/median/p99, in
-    ms. Query costs are skewed (a query of common words touches most documents), so compare the
-    batched figure with the single-query mean, not the median."""
-    per_batch = []
-    for start in range(0, len(queries) - BATCH + 1, BATCH):
-        batch_s, _ = timed(lambda start=start: search(queries[start : start + BATCH], 10))
-        per_batch.append(batch_s / BATCH)
-    per_query = []
-    for q in single:
-        s, _ = timed(lambda q=q: search([q], 10))
-        per_query.append(s)
-    return {
-        "batched_ms_per_query": 1e3 * statistics.median(per_batch),
-        "single_mean_ms": 1e3 * statistics.fmean(per_query),
-        "single_median_ms": 1e3 * statistics.median(per_query),
-        "single_p99_ms": 1e3 * float(np.percentile(per_query, 99)),
-    }
+def latency(
+    searchers: dict[str, Searcher], queries: list[str], single: list[str]
+) -> dict[str, dict[str, float]]:
+    """Per backend: mean per-query time in batches of ``BATCH`` queries per call (median over
+    the batches, which keeps bursts of load from other processes out), and single-query
+    mean/median/p99, in ms, wall clock; the same in process CPU time (``*_cpu_*``) and in the
+    searching thread's CPU time (``*_thread_cpu_*``). The backends take turns batch by batch and query by query, so load drift
+    falls on all alike. Query costs are skewed (a query of common words touches most
+    documents), so compare the batched figure with the single-query mean, not the median."""
+    names = list(searchers)
+    kinds = ("wall", "cpu", "thread_cpu")
+    per_batch = {(name, kind): [] for name in names for kind in kinds}
+    per_query = {(name, kind): [] for name in names for kind in kinds}
+    with _no_gc():
+        for i, start in enumerate(range(0, len(queries) - BATCH + 1, BATCH)):
+            batch = queries[start : start + BATCH]
+            for name in names[i % len(names) :] + names[: i % len(names)]:  # rotate who leads
+                *clocks, _ = timed(lambda f=searchers[name], b=batch: f(b, 10))
+                for kind, seconds in zip(kinds, clocks, strict=True):
+                    per_batch[name, kind].append(seconds / BATCH)
+    with _no_gc():
+        for i, q in enumerate(single):
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                *clocks, _ = timed(lambda f=searchers[name], q=q: f([q], 10))
+                for kind, seconds in zip(kinds, clocks, strict=True):
+                    per_query[name, kind].append(seconds)
+    out = {}
+    for name in names:
+        wall = per_query[name, "wall"]
+        out[name] = {
+            "batched_ms_per_query": 1e3 * statistics.median(per_batch[name, "wall"]),
+            "single_mean_ms": 1e3 * statistics.fmean(wall),
+            "single_median_ms": 1e3 * statistics.median(wall),
+            "single_p99_ms": 1e3 * float(np.percentile(wall, 99)),
+        }
+        for kind in ("cpu", "thread_cpu"):
+            out[name] |= {
+                f"batched_{kind}_ms_per_query": 1e3 * statistics.median(per_batch[name, kind]),
+                f"single_{kind}_mean_ms": 1e3 * statistics.fmean(per_query[name, kind]),
+                f"single_{kind}_median_ms": 1e3 * statistics.median(per_query[name, kind]),
+            }
+    return out
+
+
+#: the measures a repeat gives per-repeat ratios for: wall clock, process CPU, thread CPU keys
+RATIO_KEYS = {
+    "build": ("build_s", "build_cpu_s", None),
+    "batched": (
+        "batched_ms_per_query",
+        "batched_cpu_ms_per_query",
+        "batched_thread_cpu_ms_per_query",
+    ),
+    "single": ("single_median_ms", "single_cpu_median_ms", "single_thread_cpu_median_ms"),
+}
 
 
 def agreement(ref: tuple[np.ndarray, np.ndarray], got: tuple[np.ndarray, np.ndarray], tol=2e-4):
@@ -217,13 +281,14 @@ def lucene_exact_gap(lucene_index: BM25Index, ours: BM25Index, queries: list[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 100_000])
-    parser.add_argument("--queries", type=int, default=500, help="queries per corpus")
-    parser.add_argument("--single", type=int, default=200, help="queries timed one at a time")
+    parser.add_argument("--queries", type=int, default=2000, help="queries per corpus")
+    parser.add_argument("--single", type=int, default=500, help="queries timed one at a time")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-pyserini", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
+    pruned.warm_up(block=True)  # compile the pruned search once, outside every timed build
     workdir = Path(tempfile.mkdtemp(prefix="bench-bm25-"))
     backends: dict[str, Callable[[list[str]], Searcher]] = {
         "agentgym-bm25s": build_agentgym("bm25s", workdir),
@@ -238,12 +303,37 @@ def main() -> None:
     import bm25s
 
     versions["bm25s"] = bm25s.__version__
+    load_before = os.getloadavg()[0]
     results: dict = {
+        "command": "python benchmarks/bench_bm25.py "
+        + " ".join(
+            f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+            for k, v in vars(args).items()
+            if k not in ("out", "no_pyserini")
+        )
+        + (" --no-pyserini" if args.no_pyserini else ""),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), **versions},
+        "timing": "backends alternate within each repeat (builds in turn, then searches batch "
+        "by batch and query by query); wall clock, process CPU time (*_cpu_*: counts the "
+        "in-process JVM's threads, its garbage collector included, for pyserini) and the "
+        "searching thread's CPU time (*_thread_cpu_*); garbage collected before each timed "
+        "section and off inside it; ratios_per_repeat: peer / agentgym-bm25s per repeat, "
+        "medians over repeats",
         "repeats": args.repeats,
         "sizes": {},
     }
     try:
+        # untimed: start the JVM and let the JIT compile the indexer and the searcher on a
+        # small corpus of its own, so that no timed build or search pays for either
+        warm_passages, warm_queries = generate_corpus(2000, 300, seed=1)
+        for build in backends.values():
+            search = build(warm_passages)
+            for _ in range(3):
+                search(warm_queries, 10)
+            for q in warm_queries:
+                search([q], 10)
+            if getattr(search, "index", None) is not None:
+                search.index.close()  # type: ignore[attr-defined]
         for n in args.sizes:
             passages, all_queries = generate_corpus(n, args.queries + 100, seed=n)
             # warm-up queries are disjoint from the timed ones (caches, JIT)
@@ -254,25 +344,56 @@ def main() -> None:
             searchers: dict[str, Searcher] = {}
             runs: dict[str, list] = {name: [] for name in backends}
             for _ in range(args.repeats):  # interleaved repeats
+                builds = {}
                 for name, build in backends.items():
-                    build_s, search = timed(lambda build=build, p=passages: build(p))
-                    search(warmup, 10)
-                    for q in warmup[:20]:
+                    last = searchers.pop(name, None)  # the last repeat's index goes first
+                    if getattr(last, "index", None) is not None:
+                        last.index.close()  # type: ignore[union-attr]
+                    with _no_gc():
+                        build_s, build_cpu_s, _, search = timed(
+                            lambda build=build, p=passages: build(p)
+                        )
+                    for _ in range(3):  # Lucene's JIT settles over a few hundred queries
+                        search(warmup, 10)
+                    for q in warmup:
                         search([q], 10)
-                    runs[name].append({"build_s": build_s, **latency(search, queries, single)})
+                    builds[name] = {"build_s": build_s, "build_cpu_s": build_cpu_s}
                     searchers[name] = search
+                for name, figures in latency(searchers, queries, single).items():
+                    runs[name].append({**builds[name], **figures})
             for name, rs in runs.items():
                 med = {key: statistics.median(r[key] for r in rs) for key in rs[0]}
                 med["build_docs_per_s"] = n / med["build_s"]
                 per_backend[name] = med
                 print(
                     f"{name:18s} build {med['build_s']:7.2f} s ({med['build_docs_per_s']:9,.0f} "
-                    f"docs/s)  batched {med['batched_ms_per_query']:6.3f} ms/q  single mean "
-                    f"{med['single_mean_ms']:6.3f} median {med['single_median_ms']:6.3f} p99 "
-                    f"{med['single_p99_ms']:6.3f} ms",
+                    f"docs/s, CPU {med['build_cpu_s']:7.2f} s)  batched "
+                    f"{med['batched_ms_per_query']:6.3f} ms/q (CPU "
+                    f"{med['batched_cpu_ms_per_query']:6.3f})  single mean "
+                    f"{med['single_mean_ms']:6.3f} median {med['single_median_ms']:6.3f} (CPU "
+                    f"{med['single_cpu_median_ms']:6.3f}) p99 {med['single_p99_ms']:6.3f} ms",
                     flush=True,
                 )
-            entry: dict = {"backends": per_backend}
+            entry: dict = {"backends": per_backend, "runs": runs}
+            # each repeat's ratio peer / ours (the backends alternate within a repeat), in wall
+            # clock and in process CPU time; medians over repeats
+            per_repeat: dict = {}
+            for peer in ("stock-bm25s", "agentgym-pyserini"):
+                if peer not in runs:
+                    continue
+                for measure, keys in RATIO_KEYS.items():
+                    for clock, key in zip(("wall", "cpu", "thread_cpu"), keys, strict=True):
+                        if key is None:
+                            continue
+                        ratios = [
+                            theirs[key] / ours[key]
+                            for theirs, ours in zip(runs[peer], runs["agentgym-bm25s"], strict=True)
+                        ]
+                        per_repeat.setdefault(peer, {})[f"{measure}_{clock}"] = {
+                            "median": statistics.median(ratios),
+                            "repeats": ratios,
+                        }
+            entry["ratios_per_repeat"] = per_repeat
             ours = per_backend["agentgym-bm25s"]
             ratios = {}
             for peer in ("stock-bm25s", "agentgym-pyserini"):
@@ -321,6 +442,7 @@ def main() -> None:
             results["sizes"][str(n)] = entry
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    results["load_average_1min_before_after"] = [load_before, os.getloadavg()[0]]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {args.out}")

@@ -9,7 +9,8 @@ Measures, each repeated ``--repeats`` times (medians and ratios reported):
 (b) 6x6 / 1-box room generation, rooms/s (gym-sokoban's ``generate_room`` with its env's
     retry-on-failure loop, against our ``generate_room``).
 (c) 10x10 / 3-box room generation, rooms/s. gym-sokoban can take seconds per room, so it runs
-    in a child process for ``--budget`` seconds per repeat and the rooms it finished count.
+    in a child process until it has spent ``--budget`` CPU seconds in a repeat, and the rooms it
+    finished count (per wall and per CPU second up to the last one).
 (d) fidelity: on identical topologies and placements, our reverse-play search and
     gym-sokoban's ``reverse_playing`` pick the same start state (count of identical results).
 
@@ -20,12 +21,16 @@ which needs ``setuptools<81`` and breaks on numpy 2 unless ``SokobanEnv`` is bui
     /tmp/venv-sokoban/bin/pip install "setuptools<81" "gym==0.26.2" "gym-sokoban==0.0.6"
     /tmp/venv-sokoban/bin/python benchmarks/bench_sokoban.py
 
-Writes ``benchmarks/results/sokoban.json`` and prints a table.
+Every rate comes per wall second and per process CPU second of the timed sections (garbage
+collected before each measure, collector off while it runs); repeat r runs ours, then theirs, and
+each repeat gives its own ratio in both clocks (the CPU-time ratio is what the work costs
+whatever else the cores run). Writes ``benchmarks/results/sokoban.json`` and prints a table.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -46,6 +51,7 @@ from agentgym.envs.sokoban.generator import (
     reverse_play,
     room_topology,
 )
+from agentgym.io import atomic_write_text
 
 SETUP = """gym-sokoban 0.0.6 is not importable here. It lives only in the benchmark's environment:
 
@@ -70,24 +76,63 @@ def import_gym_sokoban():
     return GymSokoban, room_utils
 
 
+# -- timing ----------------------------------------------------------------------------------
+class Clock:
+    """Wall and process CPU seconds of the timed sections only (``with clock:`` around each)."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+
+    def __enter__(self) -> Clock:
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall += time.perf_counter() - self._wall
+        self.cpu += time.process_time() - self._cpu
+
+    def rates(self, n: int) -> tuple[float, float]:
+        """``n`` per wall second and per CPU second."""
+        return n / self.wall, n / self.cpu
+
+
+def no_gc(fn):
+    """``fn`` with garbage collected before it and the collector off while it runs: a full
+    collection would be paid by whichever side runs when it triggers."""
+
+    def run(*args, **kwargs):
+        gc.collect()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    return run
+
+
 # -- (a) steps/s -------------------------------------------------------------------------------
-def ours_steps_per_s(n: int, seed: int) -> float:
+@no_gc
+def ours_steps_per_s(n: int, seed: int) -> tuple[float, float]:
     env = SokobanEnv(max_episode_steps=None)
     env.reset(seed=seed)
     rng = np.random.default_rng(seed)
     actions = [MOVES[i] for i in rng.integers(4, size=n).tolist()]
     step = env.step
-    elapsed = 0.0
-    t = time.perf_counter()
-    for a in actions:
-        if step(a)[2]:  # won: reset untimed, to the same room
-            elapsed += time.perf_counter() - t
-            env.reset(seed=seed)
-            t = time.perf_counter()
-    return n / (elapsed + time.perf_counter() - t)
+    clock, moves = Clock(), iter(actions)
+    while True:  # a win ends the section: the reset to the same room is not timed
+        with clock:
+            for a in moves:
+                if step(a)[2]:
+                    break
+            else:
+                break
+        env.reset(seed=seed)
+    return clock.rates(n)
 
 
-def theirs_steps_per_s(GymSokoban, n: int, seed: int, mode: str) -> float:
+@no_gc
+def theirs_steps_per_s(GymSokoban, n: int, seed: int, mode: str) -> tuple[float, float]:
     random.seed(seed)
     np.random.seed(seed)
     env = GymSokoban(dim_room=(6, 6), num_boxes=1, max_steps=10**12, reset=False)
@@ -97,24 +142,27 @@ def theirs_steps_per_s(GymSokoban, n: int, seed: int, mode: str) -> float:
     rng = np.random.default_rng(seed)
     actions = (rng.integers(4, size=n) + 1).tolist()  # 1..4: push (or move) up/down/left/right
     step = env.step
-    elapsed = 0.0
-    t = time.perf_counter()
-    for a in actions:
-        if step(a, observation_mode=mode)[2]:  # solved: restore the start, untimed
-            elapsed += time.perf_counter() - t
-            env.room_state, env.player_position = saved[0].copy(), saved[1].copy()
-            env.boxes_on_target = 0
-            t = time.perf_counter()
-    return n / (elapsed + time.perf_counter() - t)
+    clock, moves = Clock(), iter(actions)
+    while True:  # solved: restore the start, untimed
+        with clock:
+            for a in moves:
+                if step(a, observation_mode=mode)[2]:
+                    break
+            else:
+                break
+        env.room_state, env.player_position = saved[0].copy(), saved[1].copy()
+        env.boxes_on_target = 0
+    return clock.rates(n)
 
 
 # -- (b), (c) generation -----------------------------------------------------------------------
-def ours_rooms_per_s(dim, num_boxes: int, n: int, seed: int) -> float:
+@no_gc
+def ours_rooms_per_s(dim, num_boxes: int, n: int, seed: int) -> tuple[float, float]:
     rng = np.random.default_rng(seed)
-    t = time.perf_counter()
-    for _ in range(n):
-        generate_room(rng, dim, num_boxes)
-    return n / (time.perf_counter() - t)
+    with Clock() as clock:
+        for _ in range(n):
+            generate_room(rng, dim, num_boxes)
+    return clock.rates(n)
 
 
 class _quiet:
@@ -139,40 +187,49 @@ def _theirs_room(room_utils, dim, num_boxes: int) -> None:
             continue
 
 
-def theirs_rooms_per_s(room_utils, dim, num_boxes: int, n: int, seed: int) -> float:
+@no_gc
+def theirs_rooms_per_s(room_utils, dim, num_boxes: int, n: int, seed: int) -> tuple[float, float]:
     random.seed(seed)
     np.random.seed(seed)
-    t = time.perf_counter()
-    for _ in range(n):
-        _theirs_room(room_utils, dim, num_boxes)
-    return n / (time.perf_counter() - t)
+    with Clock() as clock:
+        for _ in range(n):
+            _theirs_room(room_utils, dim, num_boxes)
+    return clock.rates(n)
 
 
-def _theirs_room_loop(dim, num_boxes: int, seed: int, counter) -> None:
+def _theirs_room_loop(dim, num_boxes: int, seed: int, budget_cpu: float, done, stamps) -> None:
+    """Child process: rooms until ``budget_cpu`` CPU seconds are spent; after each room,
+    ``done`` counts it and ``stamps`` holds the wall and CPU seconds spent so far."""
     _, room_utils = import_gym_sokoban()
     random.seed(seed)
     np.random.seed(seed)
-    while True:
+    gc.disable()  # the loop allocates little; keep collections out of a room's time, as ours
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    while time.process_time() - cpu0 < budget_cpu:
         _theirs_room(room_utils, dim, num_boxes)
-        with counter.get_lock():
-            counter.value += 1
+        with done.get_lock():
+            stamps[0], stamps[1] = time.perf_counter() - wall0, time.process_time() - cpu0
+            done.value += 1
 
 
-def theirs_rooms_per_s_bounded(dim, num_boxes: int, budget: float, seed: int) -> float:
-    """Rooms gym-sokoban finishes in ``budget`` seconds (a child process, killed at the end);
-    0 rooms gives a rate of 0 (an upper bound of 1 / budget)."""
+def theirs_rooms_per_s_bounded(
+    dim, num_boxes: int, budget_cpu: float, seed: int
+) -> tuple[float, float]:
+    """Rooms gym-sokoban finishes in ``budget_cpu`` CPU seconds (a child process, killed after
+    at most 4x the budget in wall time), per wall and per CPU second up to the last finished
+    room; 0 rooms gives rates of 0."""
     ctx = mp.get_context("fork")
-    counter = ctx.Value("i", 0)
-    proc = ctx.Process(target=_theirs_room_loop, args=(dim, num_boxes, seed, counter))
-    t = time.perf_counter()
+    done, stamps = ctx.Value("i", 0), ctx.Array("d", 2)
+    proc = ctx.Process(
+        target=_theirs_room_loop, args=(dim, num_boxes, seed, budget_cpu, done, stamps)
+    )
     proc.start()
-    proc.join(budget)
-    with counter.get_lock():
-        done = counter.value
-    elapsed = time.perf_counter() - t
+    proc.join(4 * budget_cpu)
     proc.kill()
     proc.join()
-    return done / elapsed
+    with done.get_lock():
+        n, wall, cpu = done.value, stamps[0], stamps[1]
+    return (n / wall, n / cpu) if n else (0.0, 0.0)
 
 
 # -- (d) fidelity ------------------------------------------------------------------------------
@@ -205,25 +262,39 @@ def fidelity(room_utils, dim, num_boxes: int, n: int, seed: int) -> dict:
 
 
 # -- main --------------------------------------------------------------------------------------
-def summarise(ours: list[float], theirs: list[float] | None) -> dict:
-    out = {"ours": ours, "ours_median": statistics.median(ours)}
+def summarise(ours: list[tuple[float, float]], theirs: list[tuple[float, float]] | None) -> dict:
+    """Medians of the (wall, CPU) rates and the per-repeat ratios ours / theirs in each clock
+    (repeats in which theirs finished nothing have no ratio); ``ratio`` and ``ratio_cpu`` are the
+    medians of the per-repeat ratios."""
+    out: dict = {"ours": [w for w, _ in ours], "ours_cpu": [c for _, c in ours]}
+    out["ours_median"] = statistics.median(out["ours"])
+    out["ours_cpu_median"] = statistics.median(out["ours_cpu"])
     if theirs is not None:
-        out["theirs"] = theirs
-        out["theirs_median"] = statistics.median(theirs)
-        m = out["theirs_median"]
-        out["ratio"] = out["ours_median"] / m if m > 0 else None
+        out["theirs"] = [w for w, _ in theirs]
+        out["theirs_cpu"] = [c for _, c in theirs]
+        out["theirs_median"] = statistics.median(out["theirs"])
+        out["theirs_cpu_median"] = statistics.median(out["theirs_cpu"])
+        for key, i in (("ratios", 0), ("ratios_cpu", 1)):
+            out[key] = [o[i] / t[i] for o, t in zip(ours, theirs, strict=True) if t[i] > 0]
+        out["ratio"] = statistics.median(out["ratios"]) if out["ratios"] else None
+        out["ratio_cpu"] = statistics.median(out["ratios_cpu"]) if out["ratios_cpu"] else None
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=20_000, help="steps per repeat, ours and tiny")
-    parser.add_argument("--rgb-steps", type=int, default=300, help="steps per repeat, rgb_array")
-    parser.add_argument("--rooms-small", type=int, default=2000, help="ours, 6x6/1 per repeat")
-    parser.add_argument("--rooms-small-theirs", type=int, default=40)
-    parser.add_argument("--rooms-large", type=int, default=20, help="ours, 10x10/3 per repeat")
-    parser.add_argument("--budget", type=float, default=20.0, help="s per repeat, theirs 10x10")
+    parser.add_argument("--steps", type=int, default=100_000, help="ours, steps per repeat")
+    parser.add_argument(
+        "--steps-theirs", type=int, default=20_000, help="tiny_rgb_array, per repeat"
+    )
+    parser.add_argument("--rgb-steps", type=int, default=600, help="rgb_array, steps per repeat")
+    parser.add_argument("--rooms-small", type=int, default=5000, help="ours, 6x6/1 per repeat")
+    parser.add_argument("--rooms-small-theirs", type=int, default=200)
+    parser.add_argument("--rooms-large", type=int, default=40, help="ours, 10x10/3 per repeat")
+    parser.add_argument(
+        "--budget", type=float, default=60.0, help="CPU s per repeat, theirs 10x10/3"
+    )
     parser.add_argument("--fidelity-rooms", type=int, default=100)
     parser.add_argument("--ours-only", action="store_true")
     parser.add_argument(
@@ -236,39 +307,53 @@ def main() -> None:
         raise SystemExit(2)
     GymSokoban, room_utils = peer if peer else (None, None)
     R = args.repeats
+    load_before = os.getloadavg()[0]
     results: dict[str, dict] = {}
     from tqdm.auto import tqdm
 
-    def paired(label, ours_fn, theirs_fn):
-        """Repeat r runs ours then theirs, interleaved, so that load on a shared machine
-        falls on both alike."""
-        ours, theirs = [], []
+    def paired(label, ours_fn, **theirs_fns):
+        """Repeat r runs ours, then each of theirs, interleaved, so that load on a shared
+        machine falls on both alike; one summary per entry of ``theirs_fns``."""
+        ours: list = []
+        theirs: dict[str, list] = {key: [] for key in theirs_fns}
         for r in tqdm(range(R), desc=label, leave=False):
             ours.append(ours_fn(r))
             if peer:
-                theirs.append(theirs_fn(r))
-        return summarise(ours, theirs if peer else None)
+                for key, fn in theirs_fns.items():
+                    theirs[key].append(fn(r))
+        return {key: summarise(ours, theirs[key] if peer else None) for key in theirs_fns}
 
-    results["steps_per_s"] = paired(
-        "steps/s",
-        lambda r: ours_steps_per_s(args.steps, r),
-        lambda r: theirs_steps_per_s(GymSokoban, args.steps, r, "tiny_rgb_array"),
+    results.update(
+        paired(
+            "steps/s",
+            lambda r: ours_steps_per_s(args.steps, r),
+            steps_per_s=lambda r: theirs_steps_per_s(
+                GymSokoban, args.steps_theirs, r, "tiny_rgb_array"
+            ),
+            steps_per_s_vs_rgb_array=lambda r: theirs_steps_per_s(
+                GymSokoban, args.rgb_steps, r, "rgb_array"
+            ),
+        )
     )
-    if peer:
-        rgb = [
-            theirs_steps_per_s(GymSokoban, args.rgb_steps, r, "rgb_array")
-            for r in tqdm(range(R), desc="gym-sokoban rgb_array steps/s", leave=False)
-        ]
-        results["steps_per_s_vs_rgb_array"] = summarise(results["steps_per_s"]["ours"], rgb)
-    results["rooms_per_s_6x6_1box"] = paired(
-        "6x6/1 rooms/s",
-        lambda r: ours_rooms_per_s((6, 6), 1, args.rooms_small, r),
-        lambda r: theirs_rooms_per_s(room_utils, (6, 6), 1, args.rooms_small_theirs, r),
+    if not peer:
+        del results["steps_per_s_vs_rgb_array"]
+    results.update(
+        paired(
+            "6x6/1 rooms/s",
+            lambda r: ours_rooms_per_s((6, 6), 1, args.rooms_small, r),
+            rooms_per_s_6x6_1box=lambda r: theirs_rooms_per_s(
+                room_utils, (6, 6), 1, args.rooms_small_theirs, r
+            ),
+        )
     )
-    results["rooms_per_s_10x10_3box"] = paired(
-        "10x10/3 rooms/s",
-        lambda r: ours_rooms_per_s((10, 10), 3, args.rooms_large, r),
-        lambda r: theirs_rooms_per_s_bounded((10, 10), 3, args.budget, r),
+    results.update(
+        paired(
+            "10x10/3 rooms/s",
+            lambda r: ours_rooms_per_s((10, 10), 3, args.rooms_large, r),
+            rooms_per_s_10x10_3box=lambda r: theirs_rooms_per_s_bounded(
+                (10, 10), 3, args.budget, r
+            ),
+        )
     )
     fid = []
     if peer:
@@ -292,11 +377,15 @@ def main() -> None:
             "gym": _version("gym") if peer else None,
         },
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "timing": "rates per wall second and per process CPU second of the timed sections "
+        "(garbage collected before each measure, collector off while it runs); gym-sokoban's "
+        "10x10 rooms run in a child process and count its own CPU time",
+        "load_average_1min_before_after": [load_before, os.getloadavg()[0]],
         "notes": {
             "steps_per_s": "ours: SokobanEnv.step (text observation + info) vs gym-sokoban "
             "SokobanEnv.step(observation_mode='tiny_rgb_array'), 6x6/1 box, random moves",
             "steps_per_s_vs_rgb_array": "gym-sokoban with its default rgb_array observation",
-            "rooms_per_s_10x10_3box": f"gym-sokoban bounded to {args.budget} s per repeat",
+            "rooms_per_s_10x10_3box": f"gym-sokoban bounded to {args.budget} CPU s per repeat",
         },
         "results": results,
         "fidelity_reverse_play": fid,
@@ -306,14 +395,17 @@ def main() -> None:
         },
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write_text(Path(args.out), json.dumps(report, indent=2) + "\n")
 
     print(f"\nSokoban, medians of {R} repeats ({platform.python_version()}, {os.cpu_count()} CPUs)")
-    print(f"{'measure':<34}{'agentgym':>14}{'gym-sokoban':>14}{'ratio':>9}")
+    print(
+        f"{'measure (per wall s)':<34}{'agentgym':>14}{'gym-sokoban':>14}{'CPU ratio':>11}{'wall':>9}"
+    )
     for name, r in results.items():
         theirs = f"{r['theirs_median']:14.1f}" if "theirs_median" in r else f"{'-':>14}"
+        cpu = f"{r['ratio_cpu']:10.1f}x" if r.get("ratio_cpu") else f"{'-':>11}"
         ratio = f"{r['ratio']:8.1f}x" if r.get("ratio") else f"{'-':>9}"
-        print(f"{name:<34}{r['ours_median']:14.1f}{theirs}{ratio}")
+        print(f"{name:<34}{r['ours_median']:14.1f}{theirs}{cpu}{ratio}")
     for f in fid:
         print(
             f"reverse play identical to gym-sokoban, {f['dim'][0]}x{f['dim'][1]}/{f['num_boxes']}: "

@@ -643,14 +643,45 @@ def _sokoban_row(label: str, key: str) -> Row:
         repeats = [o / t for o, t in zip(r["ours"], r["theirs"], strict=True) if t > 0]
         empty = len(r["theirs"]) - len(repeats)  # repeats in which theirs finished no room
         none = f"; {empty} with none of theirs" if empty else ""
+        if "ratios_cpu" not in r:  # a run from before CPU time was recorded
+            return [
+                label,
+                num(r["ours_median"]),
+                num(r["theirs_median"]),
+                WALL_ONLY,
+                f"{x(r['ratio'])} (per repeat: {per_repeat(repeats)}{none})",
+            ]
         return [
             label,
-            num(r["ours_median"]),
-            num(r["theirs_median"]),
-            f"{x(r['ratio'])} ({WALL_ONLY}; per repeat: {per_repeat(repeats)}{none})",
+            num(r["ours_cpu_median"]),
+            num(r["theirs_cpu_median"]),
+            f"**{x(r['ratio_cpu'])}** (per repeat: {per_repeat(r['ratios_cpu'])}{none})",
+            f"{x(r['ratio'])} (per repeat: {per_repeat(r['ratios'])}{none})",
         ]
 
     return Row("sokoban.json", make)
+
+
+def _load_note(d: Results) -> str:
+    """``load average 3.1 before and 4.2 after`` from a run's JSON, or nothing."""
+    load = d.get("load_average_1min_before_after")
+    return f", load average {load[0]:.1f} before and {load[1]:.1f} after" if load else ""
+
+
+def _sokoban_caption(load: Callable[[str], Results | None]) -> str | None:
+    d = load("sokoban.json")
+    if d is None:
+        return None
+    s = d["settings"]
+    return (
+        f"Medians of {s['repeats']} repeats, ours and theirs alternating; per repeat "
+        f"{s['steps']:,} of our steps against {s.get('steps_theirs', s['steps']):,} of theirs "
+        f"(and {s['rgb_steps']:,} in `rgb_array`), {s['rooms_small']:,} against "
+        f"{s['rooms_small_theirs']:,} 6x6 rooms, {s['rooms_large']:,} 10x10 rooms against what "
+        f"gym-sokoban finishes in {num(s['budget'])} s of its CPU time; rates per process CPU "
+        "second, ratios in CPU time and in wall clock, garbage collected between measures "
+        f"(`results/sokoban.json`{_load_note(d)}):"
+    )
 
 
 def _reward_row(label: str, key: str) -> Row:
@@ -677,24 +708,68 @@ def _reward_row(label: str, key: str) -> Row:
     return Row("webshop_reward.json", make)
 
 
+BM25_PEERS = ("stock-bm25s", "agentgym-pyserini")
+
+
 def _bm25_row(size: str, label: str, key: str) -> Row:
+    """``key``: build, batched or single (``ratios_per_repeat``'s measures in bench_bm25.py)."""
+    old_keys = {"build": "build_s", "batched": "batched_ms_per_query", "single": "single_median_ms"}
+    # builds in process CPU time (indexing may use more threads), searches in the searching
+    # thread's CPU time (every backend searches on it), as bench_bm25.py explains
+    cpu_keys = {
+        "build": ("build_cpu_s", "cpu"),
+        "batched": ("batched_thread_cpu_ms_per_query", "thread_cpu"),
+        "single": ("single_thread_cpu_median_ms", "thread_cpu"),
+    }
+
     def make(d: Results) -> Cells | None:
-        b = d.get("sizes", {}).get(size, {}).get("backends")
+        entry = d.get("sizes", {}).get(size, {})
+        b = entry.get("backends")
         if b is None:
             return None
-        ours, stock, lucene = (
-            b[k][key] for k in ("agentgym-bm25s", "stock-bm25s", "agentgym-pyserini")
-        )
+        per_repeat = entry.get("ratios_per_repeat")
+        if per_repeat is None:  # a run from before CPU time was recorded
+            ours, stock, lucene = (b[k][old_keys[key]] for k in ("agentgym-bm25s", *BM25_PEERS))
+            return [
+                f"{int(size) // 1000}k",
+                label.replace("CPU ", ""),
+                num(ours),
+                num(stock),
+                num(lucene),
+                WALL_ONLY,
+                f"{x(stock / ours)} / {x(lucene / ours)}",
+            ]
+
+        def ratios(clock: str, bold: bool) -> str:
+            return " / ".join(
+                ratio_cell(r["median"], r["repeats"], bold=bold)
+                for r in (per_repeat[peer][f"{key}_{clock}"] for peer in BM25_PEERS)
+            )
+
+        figure, clock = cpu_keys[key]
         return [
             f"{int(size) // 1000}k",
             label,
-            num(ours),
-            num(stock),
-            num(lucene),
-            f"{x(stock / ours)} / {x(lucene / ours)}",
+            *(num(b[k][figure]) for k in ("agentgym-bm25s", *BM25_PEERS)),
+            ratios(clock, bold=True),
+            ratios("wall", bold=False),
         ]
 
     return Row("bm25.json", make)
+
+
+def _bm25_caption(load: Callable[[str], Results | None]) -> str | None:
+    d = load("bm25.json")
+    if d is None or "timing" not in d:
+        return None
+    return (
+        f"Medians of {d['repeats']} repeats, the three backends alternating within each; "
+        "figures in CPU time (builds: the process's, pyserini's JVM included; searches: the "
+        "searching thread's), ratios stock bm25s / ours and pyserini / ours in CPU time and in "
+        "wall clock, each "
+        'repeat\'s in brackets; garbage collected between timed sections; "batched" is the '
+        f"time per query in calls of 50 queries, k=10 (`results/bm25.json`{_load_note(d)}):"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -708,12 +783,21 @@ def _vector_rows(source: str, label: str) -> list[Row]:
             if i >= len(d.get("results", [])):
                 return None
             r = d["results"][i]
+            rate = "median_steps_per_cpu_s"
+            if "ratios_cpu" in r:
+                ratios = [
+                    ratio_cell(r["process_over_inprocess_cpu"], r["ratios_cpu"]),
+                    ratio_cell(r["process_over_inprocess"], r["ratios"]),
+                ]
+            else:  # a run from before CPU time was recorded
+                rate = "median_steps_per_s"
+                ratios = [WALL_ONLY, f"{r['process_over_inprocess']:.2f}"]
             return [
                 label,
                 f"{r['num_envs']:,}",
-                num(r["inprocess"]["median_steps_per_s"]),
-                num(r["process"]["median_steps_per_s"]),
-                f"{r['process_over_inprocess']:.2f}",
+                num(r["inprocess"][rate]),
+                num(r["process"][rate]),
+                *ratios,
             ]
 
         return Row(source, make)
@@ -721,21 +805,56 @@ def _vector_rows(source: str, label: str) -> list[Row]:
     return [row(i) for i in range(8)]
 
 
+def _vector_caption(load: Callable[[str], Results | None]) -> str | None:
+    runs = [
+        (name, d)
+        for name in ("vector.json", "vector_alfworld_synthetic.json")
+        if (d := load(name)) is not None and "min_env_steps" in d
+    ]
+    if not runs:
+        return None
+    each = "; ".join(
+        f"`{d['env'].split('/')[-1]}`: {d['repeats']} repeats of at least "
+        f"{d['min_env_steps']:,} env steps (`results/{name}`{_load_note(d)})"
+        for name, d in runs
+    )
+    return (
+        "Medians over repeats, in-process and pool alternating; env steps per CPU second (of "
+        f"the main process, plus the pool's {runs[0][1]['workers']} workers for the pool); "
+        "pool / in-process in CPU time and in wall clock, each repeat's in brackets (below 1: "
+        "the pool spends more CPU, or more time, per env step). "
+        f"{each}:"
+    )
+
+
 def _advantage_rows() -> list[Row]:
     keys = {"int_keys": "int codes", "python_keys": "Python keys"}
+
+    def cells(label: str, r: Results) -> Cells:
+        if "speedups_cpu" not in r:  # a run from before CPU time was recorded
+            return [
+                label,
+                f"{r['rows']:,}",
+                num(r["reference_ms"]),
+                num(r["fast_ms"]),
+                WALL_ONLY,
+                x(r["speedup"]),
+            ]
+        return [
+            label,
+            f"{r['rows']:,}",
+            num(r["reference_cpu_ms"]),
+            num(r["fast_cpu_ms"]),
+            ratio_cell(r["speedup_cpu"], r["speedups_cpu"], bold=True),
+            ratio_cell(r["speedup"], r["speedups"]),
+        ]
 
     def batch(i: int) -> Row:
         def make(d: Results) -> Cells | None:
             if i >= len(d.get("results", [])):
                 return None
             r = d["results"][i]
-            return [
-                f"{r['estimator']}, {keys.get(r['state_keys'], r['state_keys'])}",
-                f"{r['rows']:,}",
-                num(r["reference_ms"]),
-                num(r["fast_ms"]),
-                x(r["speedup"]),
-            ]
+            return cells(f"{r['estimator']}, {keys.get(r['state_keys'], r['state_keys'])}", r)
 
         return Row("advantage.json", make)
 
@@ -743,18 +862,27 @@ def _advantage_rows() -> list[Row]:
         def make(d: Results) -> Cells | None:
             if i >= len(d.get("scaling_gigpo_int_keys", [])):
                 return None
-            r = d["scaling_gigpo_int_keys"][i]
-            return [
-                "gigpo, int codes",
-                f"{r['rows']:,}",
-                num(r["reference_ms"]),
-                num(r["fast_ms"]),
-                x(r["speedup"]),
-            ]
+            return cells("gigpo, int codes", d["scaling_gigpo_int_keys"][i])
 
         return Row("advantage.json", make)
 
     return [*(batch(i) for i in range(6)), *(scaled(i) for i in range(4))]
+
+
+def _advantage_caption(load: Callable[[str], Results | None]) -> str | None:
+    d = load("advantage.json")
+    if d is None:
+        return None
+    if "rounds" not in d:
+        return (
+            f"Medians of {d['repeats']} rounds, one process, load average "
+            f"{d['load_average_1m']:.1f} (`results/advantage.json`):"
+        )
+    return (
+        f"Medians of {d['repeats']} repeats of {d['rounds']} rounds (one reference call, then 8 "
+        "fast calls) in one process, per call in process CPU time; speed-ups in CPU time and in "
+        f"wall clock, each repeat's in brackets (`results/advantage.json`{_load_note(d)}):"
+    )
 
 
 def _searchqa_row(label: str, key: str) -> Row:
@@ -794,6 +922,20 @@ def _snapshot_row(env_id: str) -> Row:
         r = d.get("results", {}).get(f"AgentGym/{env_id}")
         if r is None:
             return None
+        if "ratios_deepcopy_to_snapshot_plus_restore_cpu" in r:
+            ratios = [
+                ratio_cell(
+                    r["ratio_deepcopy_to_snapshot_plus_restore_cpu"],
+                    r["ratios_deepcopy_to_snapshot_plus_restore_cpu"],
+                    bold=True,
+                ),
+                ratio_cell(
+                    r["ratio_deepcopy_to_snapshot_plus_restore"],
+                    r["ratios_deepcopy_to_snapshot_plus_restore"],
+                ),
+            ]
+        else:  # a run from before CPU time was recorded
+            ratios = [WALL_ONLY, x(r["ratio_deepcopy_to_snapshot_plus_restore"])]
         return [
             env_id,
             num(r["snapshot_us"]),
@@ -803,10 +945,25 @@ def _snapshot_row(env_id: str) -> Row:
             num(r["step_us"]),
             num(r["replay_us"]),
             num(r["deepcopy_us"]),
-            x(r["ratio_deepcopy_to_snapshot_plus_restore"]),
+            *ratios,
         ]
 
     return Row("snapshot.json", make)
+
+
+def _snapshot_caption(load: Callable[[str], Results | None]) -> str | None:
+    d = load("snapshot.json")
+    if d is None:
+        return None
+    s = d["settings"]
+    return (
+        f"Medians of {s['repeats']} interleaved repeats of {s['calls']:,} calls ("
+        f"{max(s['calls'] // 10, 5):,} for step, replay and deepcopy): per call, the median "
+        "call in wall clock (each call timed alone); deepcopy / (snapshot + restore) in process "
+        "CPU time and in wall clock from blocks of 10 snapshots, 10 restores and 1 deepcopy "
+        "alternating, each repeat's in brackets; garbage collected between timed runs "
+        f"(`results/snapshot.json`{_load_note(d)}):"
+    )
 
 
 def _ray_row(label: str, key: str, ratio: str, unit: str = "", cpu: tuple[str, str] = ()) -> Row:
@@ -1430,29 +1587,30 @@ TABLES += [
     Table(
         name="sokoban",
         file=BENCH_README,
-        header=["measure", "agentgym", "gym-sokoban", "ratio"],
+        header=[
+            "measure (per CPU second)",
+            "agentgym",
+            "gym-sokoban",
+            "CPU time ratio",
+            "wall ratio",
+        ],
         rows=[
             _sokoban_row(
-                "steps/s, 6x6/1 box, random moves (theirs: `tiny_rgb_array` observation, its "
+                "steps, 6x6/1 box, random moves (theirs: `tiny_rgb_array` observation, its "
                 "cheapest)",
                 "steps_per_s",
             ),
             _sokoban_row(
-                "steps/s, theirs with its default `rgb_array` observation",
+                "steps, theirs with its default `rgb_array` observation",
                 "steps_per_s_vs_rgb_array",
             ),
-            _sokoban_row("rooms/s, 6x6 / 1 box", "rooms_per_s_6x6_1box"),
+            _sokoban_row("rooms, 6x6 / 1 box", "rooms_per_s_6x6_1box"),
             _sokoban_row(
-                "rooms/s, 10x10 / 3 boxes (theirs: rooms finished in the time budget)",
+                "rooms, 10x10 / 3 boxes (theirs: rooms finished in its CPU-time budget)",
                 "rooms_per_s_10x10_3box",
             ),
         ],
-        caption=lambda load: (
-            None
-            if load("sokoban.json") is None
-            else f"Medians of {load('sokoban.json')['settings']['repeats']} interleaved repeats, "
-            "wall clock (`results/sokoban.json`; no CPU time in this run):"
-        ),
+        caption=_sokoban_caption,
     ),
     Table(
         name="webshop-reward",
@@ -1475,17 +1633,20 @@ TABLES += [
             "agentgym (bm25s)",
             "stock bm25s",
             "pyserini",
-            "ratio vs stock bm25s / vs pyserini (wall only)",
+            "CPU time ratio vs stock bm25s / vs pyserini",
+            "wall ratio vs stock bm25s / vs pyserini",
         ],
-        numeric=[False, False, True, True, True, True],
+        numeric=[False, False, True, True, True, True, True],
         rows=[
-            _bm25_row("100000", "build (s)", "build_s"),
-            _bm25_row("100000", "batched (ms per query)", "batched_ms_per_query"),
-            _bm25_row("100000", "single query, median (ms)", "single_median_ms"),
-            _bm25_row("10000", "batched (ms per query)", "batched_ms_per_query"),
-            _bm25_row("10000", "single query, median (ms)", "single_median_ms"),
-            _bm25_row("1000", "batched (ms per query)", "batched_ms_per_query"),
+            _bm25_row("100000", "build (CPU s)", "build"),
+            _bm25_row("100000", "batched (CPU ms per query)", "batched"),
+            _bm25_row("100000", "single query, median (CPU ms)", "single"),
+            _bm25_row("10000", "batched (CPU ms per query)", "batched"),
+            _bm25_row("10000", "single query, median (CPU ms)", "single"),
+            _bm25_row("1000", "batched (CPU ms per query)", "batched"),
+            _bm25_row("1000", "single query, median (CPU ms)", "single"),
         ],
+        caption=_bm25_caption,
     ),
 ]
 
@@ -1497,11 +1658,13 @@ TABLES += [
         header=[
             "env",
             "envs",
-            "in-process (env steps/s)",
-            "process pool (env steps/s)",
-            "pool / in-process (wall only)",
+            "in-process (env steps per CPU s)",
+            "process pool (env steps per CPU s)",
+            "pool / in-process, CPU time",
+            "pool / in-process, wall",
         ],
-        numeric=[False, True, True, True, True],
+        numeric=[False, True, True, True, True, True],
+        caption=_vector_caption,
         rows=[
             *_vector_rows("vector.json", "Sokoban-v0"),
             *_vector_rows("vector_alfworld_synthetic.json", "ALFWorld-Synthetic-v0"),
@@ -1510,14 +1673,16 @@ TABLES += [
     Table(
         name="advantage",
         file=BENCH_README,
-        header=["estimator, keys", "rows", "reference (ms)", "fast (ms)", "speed-up (wall only)"],
+        header=[
+            "estimator, keys",
+            "rows",
+            "reference (CPU ms)",
+            "fast (CPU ms)",
+            "speed-up, CPU time",
+            "speed-up, wall",
+        ],
         rows=_advantage_rows(),
-        caption=lambda load: (
-            None
-            if load("advantage.json") is None
-            else f"Medians of {load('advantage.json')['repeats']} rounds, one process, load "
-            f"average {load('advantage.json')['load_average_1m']:.1f} (`results/advantage.json`):"
-        ),
+        caption=_advantage_caption,
     ),
     Table(
         name="searchqa",
@@ -1546,9 +1711,11 @@ TABLES += [
             "step (us)",
             "replay (us)",
             "deepcopy (us)",
-            "deepcopy / (snapshot + restore), wall only",
+            "deepcopy / (snapshot + restore), CPU time",
+            "deepcopy / (snapshot + restore), wall",
         ],
         rows=[_snapshot_row(i) for i in SNAPSHOT_IDS],
+        caption=_snapshot_caption,
     ),
     Table(
         name="ray-scaleout",
