@@ -173,7 +173,9 @@ def test_benchmark_scores_every_estimator(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "gt.json"
-    args = ["--episodes", "32", "--repeats", "1", "--tasks", "1", "--out", str(out)]
+    # 20 Adam steps for SPA's and OPRL's models (the default 200 is most of the run's time)
+    args = ["--episodes", "32", "--repeats", "1", "--tasks", "1", "--learn-steps", "20",
+            "--out", str(out)]  # fmt: skip
     script = root / "benchmarks" / "bench_credit_ground_truth.py"
     # this checkout's package, whichever one is installed
     env = {
