@@ -7,6 +7,7 @@ need it skip cleanly when it is absent. Nothing from it is ever copied into the 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import tarfile
@@ -132,6 +133,14 @@ def _mark_by_fixtures(items) -> None:
         if "smollm2_server" in used:
             # with -n N (--dist loadgroup), one worker runs them all: the server starts once
             item.add_marker(pytest.mark.xdist_group("smollm2_server"))
+        if _RAY_TEST.search(item.name):
+            # local Ray clusters of two workers at once have crashed both (a raylet segfault
+            # took the pytest processes with it): Ray's tests run one after another, on one worker
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
+_RAY_TEST = re.compile(r"(?<![a-z])ray(?![a-z])", re.IGNORECASE)
+"""a test name or parameter naming Ray ("test_ray_...", "[ray]", "[ray-llm]"), not "array"."""
 
 
 SHARED_DATA = Path(
