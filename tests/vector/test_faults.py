@@ -132,7 +132,10 @@ def test_env_error_names_the_env_and_the_next_calls_stay_in_sync(backend, reques
 @pytest.mark.parametrize("backend", ["inprocess", *SHARDED])
 def test_keyboard_interrupt_mid_step_leaves_the_backend_in_sync(backend, request):
     ref = make("inprocess", num_groups=2, group_size=2, wrappers=FAULTY)
-    vec = make(backend, request, num_groups=2, group_size=2, wrappers=FAULTY, step_timeout=30)
+    # The interrupt must land inside the slow step: a step that ended first would let it land in
+    # pytest itself (on a busy machine a timer thread can wake up hundreds of ms late).
+    slow = [(Faulty, {"delay": 3.0})]
+    vec = make(backend, request, num_groups=2, group_size=2, wrappers=slow, step_timeout=30)
     try:
         vec.reset(seed=0)
         timer = threading.Timer(0.15, os.kill, (os.getpid(), signal.SIGINT))
