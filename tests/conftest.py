@@ -50,12 +50,6 @@ def pytest_configure(config):
     _link_user_smollm2(Path(_session_cache) / "models")
 
 
-def pytest_xdist_auto_num_workers(config) -> int:
-    """``-n auto``: one worker more than the cores. Many tests wait on a server or a subprocess
-    they started, and with one worker per core the 2-core suite kept 1.6 cores busy."""
-    return (os.cpu_count() or 1) + 1
-
-
 def _xdist_workers(config) -> int:
     """How many pytest-xdist workers this run starts (0 without `-n`, or without xdist)."""
     workers = getattr(config.option, "numprocesses", None) or 0
@@ -114,9 +108,11 @@ REALDATA_FIXTURES = {"alfworld_real_root", "webshop_real_data", "minilm_dir"}
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(config, items):
     _mark_by_fixtures(items)
-    # The longest tests (the real model's, the trainer's) first: with -n N they then run beside
-    # the many short ones instead of alone at the end. A stable sort, the same on every worker.
-    items.sort(key=lambda item: not _heavy(item))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # With -n N, the longest tests (the real model's, the trainer's) first: they then run
+        # beside the many short ones instead of alone at the end. A stable sort, the same on
+        # every worker.
+        items.sort(key=lambda item: not _heavy(item))
 
 
 def _heavy(item) -> bool:
@@ -134,8 +130,8 @@ def _mark_by_fixtures(items) -> None:
             # with -n N (--dist loadgroup), one worker runs them all: the server starts once
             item.add_marker(pytest.mark.xdist_group("smollm2_server"))
         if _RAY_TEST.search(item.name):
-            # local Ray clusters of two workers at once have crashed both (a raylet segfault
-            # took the pytest processes with it): Ray's tests run one after another, on one worker
+            # with -n N, Ray's tests run one after another on one worker: one local Ray
+            # cluster at a time
             item.add_marker(pytest.mark.xdist_group("ray"))
 
 
