@@ -129,9 +129,13 @@ def _mark_by_fixtures(items) -> None:
         if "smollm2_server" in used:
             # with -n N (--dist loadgroup), one worker runs them all: the server starts once
             item.add_marker(pytest.mark.xdist_group("smollm2_server"))
-        if _RAY_TEST.search(item.name):
-            # with -n N, Ray's tests run one after another on one worker: one local Ray
-            # cluster at a time
+    # With -n N, every test of a module that starts Ray runs on one worker, in file order as in
+    # one process: one local Ray cluster at a time, and no test of such a module meets a Ray
+    # that a module-scoped fixture left running (a SIGINT a test sends to its own process took
+    # that process down while Ray ran in it).
+    ray_modules = {item.path for item in items if _RAY_TEST.search(item.name)}
+    for item in items:
+        if item.path in ray_modules:
             item.add_marker(pytest.mark.xdist_group("ray"))
 
 
