@@ -1,8 +1,8 @@
 """The reference trainer on a real pretrained model: SmolLM2-135M-Instruct, its BPE tokenizer and
 its ChatML chat template, on CPU (full fine-tuning and LoRA).
 
-Tiny sizes (2 groups x 2 trajectories, 2 steps, a few tokens), but every check is one that must
-hold at any size: the weights moved, the importance ratio is 1 before the first update, the
+Tiny sizes (one group of 2 one-step episodes, a few tokens: a 135M model's forward and backward
+on CPU cost about 5 ms of a core per token), but every check is one that must hold at any size: the weights moved, the importance ratio is 1 before the first update, the
 trainer's log-probs equal the sampler's per token, and the ids trained are the ids sampled.
 """
 
@@ -24,9 +24,9 @@ pytestmark = [pytest.mark.realmodel, pytest.mark.timeout(1800)]
 def real_config(model, tmp_path, **overrides) -> Config:
     base = dict(
         model=str(model),
-        num_groups=2,
+        num_groups=1,
         group_size=2,
-        max_episode_steps=2,
+        max_episode_steps=1,
         history_length=0,
         iterations=2,
         max_new_tokens=4,
