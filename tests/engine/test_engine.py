@@ -212,3 +212,34 @@ def test_turns_carry_the_version_their_request_was_sent_under(lockstep):
     assert len(versions) == 3
     # Tagged with the version in force when each request went out, not when its answer came.
     assert versions == policy.sent_under == [0, 1, 2]
+
+
+def test_the_local_models_batches_keep_padding_small():
+    """The in-process model's worker batches the oldest request with those of similar prompt
+    length: a batch is computed at its longest prompt's length, so a 170-token prompt batched
+    with a 720-token one would cost 720 tokens (what a mixed-family eval did on CPU)."""
+    from agentgym.engine.policies.transformers import (
+        MAX_PADDING_TOKENS,
+        _Job,
+        padding_bounded_batch,
+    )
+
+    def job(length):
+        return _Job("generate", [0] * length, SamplingParams(), None, None, None)
+
+    head, *others = [job(n) for n in (169, 720, 198, 610, 245, 524)]
+    batch = padding_bounded_batch(head, others, max_batch=32)
+    assert batch[0] is head  # the oldest request is always served
+    assert sorted(len(j.prompt_ids) for j in batch) == [169, 198, 245]
+    lengths = [len(j.prompt_ids) for j in batch]
+    assert max(lengths) * len(lengths) - sum(lengths) <= 0.25 * sum(lengths)
+    # the long ones batch with each other when one of them is the oldest
+    long = padding_bounded_batch(others[0], [others[2], others[4]], max_batch=32)
+    assert sorted(len(j.prompt_ids) for j in long) == [524, 610, 720]
+    # short prompts batch whatever their spread (a few padded tokens cost less than a pass)
+    short = [job(n) for n in (10, 40, 50)]
+    assert padding_bounded_batch(short[0], short[1:], max_batch=32) == short
+    assert sum(50 - n for n in (10, 40, 50)) <= MAX_PADDING_TOKENS
+    # and never past max_batch
+    same = [job(100) for _ in range(10)]
+    assert len(padding_bounded_batch(same[0], same[1:], max_batch=4)) == 4

@@ -73,9 +73,10 @@ class TransformersPolicy(Policy):
     :meth:`generate` answers a lockstep round: every prompt in length-sorted batches of
     ``max_batch``, in the caller's thread (the trainer samples from the model it trains).
     :meth:`act` answers one turn of the async engine: requests go on a queue, and one worker
-    thread owning the model takes, each time it is free, every queued request with the same
-    sampling parameters (up to ``max_batch``) into one batch, so the more episodes wait on the
-    model the bigger its batches, and the event loop never blocks on a forward pass.
+    thread owning the model takes, each time it is free, the oldest queued request and those
+    with the same sampling parameters and a similar prompt length (up to ``max_batch``; see
+    :func:`padding_bounded_batch`) into one batch, so the more episodes wait on the model the
+    bigger its batches, and the event loop never blocks on a forward pass.
 
     Sampling uses the whole distribution at ``temperature`` (``top_k`` off, ``top_p`` as asked,
     no repetition penalty: the model's own generation defaults are overridden so the recorded
@@ -419,9 +420,8 @@ class TransformersPolicy(Policy):
             if head.kind == "score":
                 batch = [head]
             else:
-                batch = [j for j in pending if j.kind == "generate" and j.params == head.params][
-                    : self.max_batch
-                ]
+                alike = [j for j in pending[1:] if j.kind == "generate" and j.params == head.params]
+                batch = padding_bounded_batch(head, alike, self.max_batch)
             pending = [j for j in pending if all(j is not b for b in batch)]
             try:
                 if head.kind == "score":
@@ -439,6 +439,28 @@ class TransformersPolicy(Policy):
                 for job in pending:
                     _answer(job, None, RuntimeError("policy closed"))
                 return
+
+
+#: padded prompt tokens a batch may add to its real ones: this share of them, or this many
+MAX_PADDING_SHARE, MAX_PADDING_TOKENS = 0.25, 64
+
+
+def padding_bounded_batch(head: _Job, others: Sequence[_Job], max_batch: int) -> list[_Job]:
+    """``head`` and the waiting requests closest to it in prompt length, while the batch's
+    left padding stays small (at most :data:`MAX_PADDING_SHARE` of its real prompt tokens, or
+    :data:`MAX_PADDING_TOKENS`): every prompt of a batch is computed at the longest one's
+    length, so a 170-token prompt batched with a 720-token one costs 720 tokens. On CPU prompt
+    tokens are most of a turn's cost; the requests left out form the next batches."""
+    chosen, lengths = [head], [len(head.prompt_ids)]
+    for job in sorted(others, key=lambda j: abs(len(j.prompt_ids) - lengths[0])):
+        if len(chosen) == max_batch:
+            break
+        trial = [*lengths, len(job.prompt_ids)]
+        padding = max(trial) * len(trial) - sum(trial)
+        if padding <= max(MAX_PADDING_SHARE * sum(trial), MAX_PADDING_TOKENS):
+            chosen.append(job)
+            lengths = trial
+    return chosen
 
 
 def _answer(job: _Job, result: Any, error: BaseException | None) -> None:
