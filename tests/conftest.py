@@ -50,11 +50,18 @@ def pytest_configure(config):
     _link_user_smollm2(Path(_session_cache) / "models")
 
 
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: one worker more than the cores (many tests wait on a server or a subprocess
+    they started: with one worker per core, 2 cores were 1.6 busy), at most 6 (each worker
+    imports torch and transformers: about 1 GB)."""
+    return min((os.cpu_count() or 1) + 1, 6)
+
+
 def _xdist_workers(config) -> int:
     """How many pytest-xdist workers this run starts (0 without `-n`, or without xdist)."""
     workers = getattr(config.option, "numprocesses", None) or 0
     if workers in ("auto", "logical"):
-        return os.cpu_count() or 1
+        return pytest_xdist_auto_num_workers(config)
     return int(workers)
 
 
@@ -126,9 +133,12 @@ def _mark_by_fixtures(items) -> None:
             item.add_marker(pytest.mark.realmodel)
         if used & REALDATA_FIXTURES:
             item.add_marker(pytest.mark.realdata)
+        # with -n N (--dist loadgroup), one worker runs each group: the server starts once,
+        # and the in-process model loads once
         if "smollm2_server" in used:
-            # with -n N (--dist loadgroup), one worker runs them all: the server starts once
             item.add_marker(pytest.mark.xdist_group("smollm2_server"))
+        elif "smollm2_policy" in used:
+            item.add_marker(pytest.mark.xdist_group("smollm2_policy"))
     # With -n N, every test of a module that starts Ray runs on one worker, in file order as in
     # one process: one local Ray cluster at a time, and no test of such a module meets a Ray
     # that a module-scoped fixture left running (a SIGINT a test sends to its own process took
