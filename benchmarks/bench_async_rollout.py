@@ -18,10 +18,16 @@ of each comparison see the same machine load:
   episode on its own, so the cap is what sets the length, as a long ALFWorld game would);
 - ``uniform``: every episode the same cap (the mean of the varied caps, rounded).
 
-Per run: wall time, CPU time (the server's and this process's), requests in flight over time
-(sampled every 0.25 s) with the time-weighted mean and peak, and where the time goes: per
-episode, time waiting for and in generation, time in env steps, and the rest (waiting on the
-other episodes of a lockstep round).
+Prompts: the env family's template (``--template family``), or the bundled trainer's compact one
+(``--template compact``: the observation after the recent steps, no preamble or instruction);
+with ``--history-length 0`` every prompt then starts with the chat template's preamble, which
+llama.cpp keeps cached in each slot, so a turn processes only its new observation's tokens.
+
+Per run: wall time, CPU time (the server's and this process's), llama-server's counts of prompt
+tokens processed and reused from a slot's cache and of ``llama_decode`` calls (``--metrics``),
+requests in flight over time (sampled every 0.25 s) with the time-weighted mean and peak, and
+where the time goes: per episode, time waiting for and in generation, time in env steps, and the
+rest (waiting on the other episodes of a lockstep round).
 
     python benchmarks/bench_async_rollout.py --server llama --llama-server PATH   # ~10 min
     python benchmarks/bench_async_rollout.py --server transformers                # ~6-10 min

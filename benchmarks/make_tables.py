@@ -1891,6 +1891,17 @@ TABLES += [
                 "F16, as the long tail, history 0, ",
                 setting="compact prompt",
             ),
+            # one-repeat probes of the two levers apart: each prompt with the other history
+            _async_llama_row(
+                "async_rollout_llama_f16_compact_h1.json",
+                "F16, as the long tail, history 1, 1 repeat, ",
+                setting="compact prompt",
+            ),
+            _async_llama_row(
+                "async_rollout_llama_f16_family_h0.json",
+                "F16, as the long tail, history 0, 1 repeat, ",
+                setting="family prompt",
+            ),
         ],
     ),
     Table(
