@@ -1891,6 +1891,11 @@ TABLES += [
                 "F16, as the long tail, history 0, ",
                 setting="compact prompt",
             ),
+            _async_llama_row(
+                "async_rollout_llama_f16_compact_r5.json",
+                "F16, as the long tail, history 0, 5 repeats, ",
+                setting="compact prompt",
+            ),
             # one-repeat probes of the two levers apart: each prompt with the other history
             _async_llama_row(
                 "async_rollout_llama_f16_compact_h1.json",
@@ -1915,6 +1920,10 @@ TABLES += [
                 "async / lockstep wall time, llama.cpp `llama-server` (8 slots, 1 thread, "
                 "F16 SmolLM2-135M-Instruct) on CPU, 48 Corridor episodes, lengths long-tailed "
                 "(caps 1-12), the trainer's compact prompt with history 0, up to 64 new tokens",
+            ),
+            _async_llama_readme_row(
+                "async_rollout_llama_f16_compact_r5.json",
+                "the same setting, a second run with 5 repeats",
             ),
         ],
     ),
