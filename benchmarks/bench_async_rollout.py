@@ -18,10 +18,16 @@ of each comparison see the same machine load:
   episode on its own, so the cap is what sets the length, as a long ALFWorld game would);
 - ``uniform``: every episode the same cap (the mean of the varied caps, rounded).
 
-Per run: wall time, CPU time (the server's and this process's), requests in flight over time
-(sampled every 0.25 s) with the time-weighted mean and peak, and where the time goes: per
-episode, time waiting for and in generation, time in env steps, and the rest (waiting on the
-other episodes of a lockstep round).
+Prompts: the env family's template (``--template family``), or the bundled trainer's compact one
+(``--template compact``: the observation after the recent steps, no preamble or instruction);
+with ``--history-length 0`` every prompt then starts with the chat template's preamble, which
+llama.cpp keeps cached in each slot, so a turn processes only its new observation's tokens.
+
+Per run: wall time, CPU time (the server's and this process's), llama-server's counts of prompt
+tokens processed and reused from a slot's cache and of ``llama_decode`` calls (``--metrics``),
+requests in flight over time (sampled every 0.25 s) with the time-weighted mean and peak, and
+where the time goes: per episode, time waiting for and in generation, time in env steps, and the
+rest (waiting on the other episodes of a lockstep round).
 
     python benchmarks/bench_async_rollout.py --server llama --llama-server PATH   # ~10 min
     python benchmarks/bench_async_rollout.py --server transformers                # ~6-10 min
@@ -80,6 +86,8 @@ def start_llama(
     # no prompt cache in RAM, and slots that can be erased: every run starts cold, so neither
     # arm reuses the prompts the other arm's run (the same greedy episodes) left behind
     cold = ["--cache-ram", "0", "--slot-save-path", str(log.parent)]
+    # /metrics: prompt tokens processed and reused from a slot's cache, read around each run
+    cold.append("--metrics")
     server = LlamaServer(
         binary, model, slots=slots, threads=threads, log_path=log, extra_args=[*cold, *extra]
     )
@@ -88,6 +96,31 @@ def start_llama(
     except LlamaServerError as exc:
         sys.exit(str(exc))
     return server, server.base_url, server.command
+
+
+def llama_counters(url: str) -> dict[str, float]:
+    """llama-server's token counters so far (``GET /metrics``): prompt tokens processed
+    (``prompt_tokens``), prompt tokens reused from a slot's cache (``prompt_tokens_cached``),
+    tokens generated (``tokens_predicted``) and ``llama_decode`` calls (``decode_calls``)."""
+    names = {
+        "llamacpp:prompt_tokens_total": "prompt_tokens",
+        "llamacpp:prompt_tokens_cached_total": "prompt_tokens_cached",
+        "llamacpp:tokens_predicted_total": "tokens_predicted",
+        "llamacpp:n_decode_total": "decode_calls",
+    }
+    with urllib.request.urlopen(f"{url}/metrics", timeout=60) as reply:
+        text = reply.read().decode()
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in names:
+            out[names[name]] = float(value)
+    return out
+
+
+#: The bundled trainer's ``compact`` prompt (``trainers.gigpo.rollout.COMPACT_TEMPLATE``): the
+#: observation, after the recent (observation, action) pairs; no preamble, no format instruction.
+COMPACT = {"first": "{observation}", "later": "{history}\n{observation}"}
 
 
 def erase_slots(url: str, slots: int) -> None:
@@ -184,6 +217,18 @@ def run_once(url: str, specs, args, lockstep: bool, server_pid: int) -> dict[str
     # a fresh client per run: its connections belong to this run's event loop
     policy = Recorded(OpenAIChatPolicy(url, logprobs=True, timeout=600, retries=2))
 
+    make_env = None
+    if args.template == "compact":
+        from agentgym.family import PromptTemplate
+        from agentgym.wrappers.llm import make_llm_env
+
+        template = PromptTemplate(**COMPACT)
+
+        def make_env(spec):
+            return make_llm_env(
+                spec.env_id, None, args.history_length, template, env_kwargs=spec.env_kwargs
+            )
+
     engine = RolloutEngine(
         policy,
         SamplingParams(0.0, 1.0, args.max_tokens),
@@ -191,6 +236,7 @@ def run_once(url: str, specs, args, lockstep: bool, server_pid: int) -> dict[str
         max_active=args.concurrency,
         lockstep=lockstep,
         history_length=args.history_length,
+        make_env=make_env,
     )
     load = os.getloadavg()[0]
 
@@ -201,11 +247,16 @@ def run_once(url: str, specs, args, lockstep: bool, server_pid: int) -> dict[str
         finally:
             await policy.aclose()
 
+    counters: dict[str, float] = {}
     if args.server == "llama":
         erase_slots(url, args.slots or args.concurrency)
+        counters = llama_counters(url)
     server_cpu, client_cpu = cpu_seconds(server_pid), time.process_time()
     records = asyncio.run(go())
     server_cpu, client_cpu = cpu_seconds(server_pid) - server_cpu, time.process_time() - client_cpu
+    if counters:
+        after = llama_counters(url)
+        counters = {k: after[k] - v for k, v in counters.items() if k in after}
     engine.close()
     stats = engine.stats
     gen = [sum(t.latency_s for t in r.turns) for r in records]
@@ -227,6 +278,8 @@ def run_once(url: str, specs, args, lockstep: bool, server_pid: int) -> dict[str
         "requests": stats.requests,
         "completion_tokens": tokens,
         "prompt_tokens": sum(t.prompt_tokens or 0 for r in records for t in r.turns),
+        # llama.cpp: the prompt tokens it processed and those it reused from a slot's cache
+        "server_counters": counters,
         "tokens_per_s": tokens / stats.wall_s if stats.wall_s else 0.0,
         "errors": stats.errors,
         "end_reasons": {
@@ -308,6 +361,12 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8, help="requests and episodes at once")
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--history-length", type=int, default=1)
+    ap.add_argument(
+        "--template",
+        choices=["family", "compact"],
+        default="family",
+        help="prompt template: the env family's, or the trainer's compact one",
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="server's threads (-t, or OMP)")
     ap.add_argument("--settings", default="varied,uniform")
@@ -433,6 +492,14 @@ def main() -> None:
             },
             "repeats_with_identical_actions": f"{same} of {len(pairs)}",
         }
+        if all(r["server_counters"] for r in results):
+            summary[name]["server_counters_median"] = {
+                m: {
+                    k: statistics.median(r["server_counters"][k] for r in rs)
+                    for k in rs[0]["server_counters"]
+                }
+                for m, rs in by.items()
+            }
         print(
             f"{name}: async {med['async']:.1f} s, lockstep {med['lockstep']:.1f} s, "
             f"lockstep/async {med['lockstep'] / med['async']:.2f}x",
@@ -464,6 +531,7 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "temperature": 0.0,
         "history_length": args.history_length,
+        "template": args.template,
         "repeats": args.repeats,
         "sample_s": args.sample_s,
         "cpus": os.cpu_count(),

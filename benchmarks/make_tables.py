@@ -1163,6 +1163,22 @@ def _load_range(d: Results, setting: str) -> str:
     return f"load {min(loads):.1f}-{max(loads):.1f}"
 
 
+def _prompt_cache(d: Results, setting: str) -> str:
+    """llama.cpp's prompt tokens per turn, processed and reused from a slot's cache, per arm
+    (median run); runs before the benchmark read the server's counters say so."""
+    v = d["summary"][setting]
+    counters = v.get("server_counters_median")
+    if counters is None:
+        return "not recorded"
+    runs = d["runs"][setting]
+    turns = {m: statistics.median(r["turns"] for r in runs if r["mode"] == m) for m in counters}
+    return " / ".join(
+        f"{num(counters[m]['prompt_tokens'] / turns[m])} + "
+        f"{num(counters[m]['prompt_tokens_cached'] / turns[m])} cached"
+        for m in ("async", "lockstep")
+    )
+
+
 def _async_llama_row(source: str, label: str, setting: str = "varied") -> Row:
     def make(d: Results) -> Cells | None:
         v = d.get("summary", {}).get("varied")
@@ -1178,6 +1194,32 @@ def _async_llama_row(source: str, label: str, setting: str = "varied") -> Row:
             _pair(v, "in_flight_mean_median", lambda f: f"{f:.2f}"),
             _pair(v, "request_latency_median_s"),
             _pair(v, "tokens_per_s_median"),
+            _prompt_cache(d, "varied"),
+        ]
+
+    return Row(source, make)
+
+
+def _async_llama_readme_row(source: str, measure: str) -> Row:
+    """README.md's row of one llama.cpp run: the wall ratio with each repeat's, the server CPU
+    ratio, the turns recorded with token ids and log-probs, and its command (paths generic)."""
+
+    def make(d: Results) -> Cells | None:
+        v = d.get("summary", {}).get("varied")
+        if v is None:
+            return None
+        cpu = v["server_cpu_s_median"]
+        each = ", ".join(f"{r:.2f}" for r in v["speedup_per_repeat"])
+        recorded = v["turns_with_token_ids_and_logprobs"]["async"]
+        run = re.sub(r"--llama-server \S+", "--llama-server PATH/TO/llama-server", d["command"])
+        run = re.sub(r"--model \S*/", "--model ", run)
+        return [
+            f"{measure}, {_load_range(d, 'varied')}",
+            f"lockstep / async **{x(v['speedup_lockstep_over_async'])}** (median of "
+            f"{len(v['speedup_per_repeat'])}: {each}); server CPU "
+            f"{x(cpu['lockstep'] / cpu['async'])}; token ids and log-probs on {recorded} "
+            "turns per arm",
+            command(run),
         ]
 
     return Row(source, make)
@@ -1833,8 +1875,8 @@ TABLES += [
     Table(
         name="async-llama",
         file=BENCH_README,
-        header=ASYNC_HEADER,
-        numeric=[False, True, True, True, False, False, False, False, False],
+        header=[*ASYNC_HEADER, "prompt tokens a turn, processed + cached, async / lockstep"],
+        numeric=[False, True, True, True, False, False, False, False, False, False],
         rows=[
             _async_llama_row("async_rollout_llama.json", ""),
             _async_llama_row("async_rollout_llama_loaded.json", ""),
@@ -1843,6 +1885,45 @@ TABLES += [
                 "async_rollout_llama_f16_tail.json",
                 "F16, 48 episodes, caps 1,1,2,1,12,1,1,3, up to 64 new tokens, ",
                 setting="long tail",
+            ),
+            _async_llama_row(
+                "async_rollout_llama_f16_compact.json",
+                "F16, as the long tail, history 0, ",
+                setting="compact prompt",
+            ),
+            _async_llama_row(
+                "async_rollout_llama_f16_compact_r5.json",
+                "F16, as the long tail, history 0, 5 repeats, ",
+                setting="compact prompt",
+            ),
+            # one-repeat probes of the two levers apart: each prompt with the other history
+            _async_llama_row(
+                "async_rollout_llama_f16_compact_h1.json",
+                "F16, as the long tail, history 1, 1 repeat, ",
+                setting="compact prompt",
+            ),
+            _async_llama_row(
+                "async_rollout_llama_f16_family_h0.json",
+                "F16, as the long tail, history 0, 1 repeat, ",
+                setting="family prompt",
+            ),
+        ],
+    ),
+    Table(
+        name="async-llama-readme",
+        file="README.md",
+        header=["measure", "figure", "command (writes the JSON the row is read from)"],
+        numeric=[False, False, False],
+        rows=[
+            _async_llama_readme_row(
+                "async_rollout_llama_f16_compact.json",
+                "async / lockstep wall time, llama.cpp `llama-server` (8 slots, 1 thread, "
+                "F16 SmolLM2-135M-Instruct) on CPU, 48 Corridor episodes, lengths long-tailed "
+                "(caps 1-12), the trainer's compact prompt with history 0, up to 64 new tokens",
+            ),
+            _async_llama_readme_row(
+                "async_rollout_llama_f16_compact_r5.json",
+                "the same setting, a second run with 5 repeats",
             ),
         ],
     ),

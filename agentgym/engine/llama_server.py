@@ -22,6 +22,11 @@ free cores is far slower, not faster (on 2 shared cores ``-t 2`` decoded at 2.8 
 Slots (``-np``): requests decoded together, each with its own share of the context
 (``ctx_per_slot`` tokens). Match them to the engine's ``concurrency``.
 
+Prompt cache: each slot keeps its last prompt and a request reuses the longest prefix it shares
+with it (llama.cpp's ``cache_prompt``, on by default: the engine sends nothing for it). Prompts
+that begin with the same text therefore cost only their new tokens; a template that puts the
+observation before a fixed instruction (the family templates do) reuses little of it.
+
 Sampling: each request's temperature and top-p, over the whole distribution (the server starts
 with ``--top-k 0 --min-p 0``; llama.cpp's defaults would also cut to the top 40 tokens), with a
 fresh random seed per request. The log-probs it returns are those of the model's distribution
