@@ -243,3 +243,34 @@ def test_the_local_models_batches_keep_padding_small():
     # and never past max_batch
     same = [job(100) for _ in range(10)]
     assert len(padding_bounded_batch(same[0], same[1:], max_batch=4)) == 4
+
+
+def test_the_local_model_renders_each_distinct_prompt_once():
+    """Group members share their first prompt and small envs revisit states: the chat template
+    (most of a tiny model's turn on CPU) is rendered once per distinct conversation, and the
+    ids are those a fresh rendering gives."""
+    from agentgym.engine import TransformersPolicy
+    from agentgym.engine.policies.transformers import chat_prompt_ids
+    from trainers.gigpo.tiny import build_model, build_tokenizer
+
+    tokenizer = build_tokenizer(["go up down left right you are in a room"])
+    policy = TransformersPolicy(build_model(tokenizer), tokenizer, seed=None)
+    room = [{"role": "user", "content": "you are in a room"}]
+    reference = chat_prompt_ids(tokenizer, room)
+    renders = []
+    template = tokenizer.apply_chat_template
+
+    def counting(*args, **kwargs):
+        renders.append(args[0])
+        return template(*args, **kwargs)
+
+    tokenizer.apply_chat_template = counting
+    first = policy.prompt_ids(room)
+    first.append(-1)  # a caller's change never reaches the memo
+    again = policy.prompt_ids([dict(m) for m in room])
+    assert len(renders) == 1 and again == reference
+    other = policy.prompt_ids([*room, {"role": "assistant", "content": "go up"}])
+    assert len(renders) == 2 and other != again
+    # a new chat template is a new rendering
+    tokenizer.chat_template = tokenizer.chat_template + " "
+    assert policy.prompt_ids(room) == reference and len(renders) == 3

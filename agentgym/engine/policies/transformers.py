@@ -56,6 +56,10 @@ def chat_prompt_ids(
     return list(ids)
 
 
+#: prompts whose ids a TransformersPolicy remembers (cleared when full)
+PROMPT_MEMO_SIZE = 4096
+
+
 @dataclass
 class _Job:
     kind: str  # "generate" | "score"
@@ -167,6 +171,7 @@ class TransformersPolicy(Policy):
         if decoder == "static":
             self.decoder = self._static_decoder(compile, generation_dtype)
         self._action_ids: dict[str, list[int]] = {}  # action texts recur: tokenize each once
+        self._prompt_memo: dict[tuple, list[int]] = {}
         self.batch_sizes: list[int] = []
         """size of every batch the worker ran (for measuring how well requests gathered)"""
         self._queue: queue.Queue[_Job | None] = queue.Queue()
@@ -197,8 +202,27 @@ class TransformersPolicy(Policy):
 
     # -- a lockstep round ------------------------------------------------------------------------
     def prompt_ids(self, messages: Messages) -> list[int]:
-        """The chat-templated prompt's token ids (tail kept past ``max_prompt_tokens``)."""
-        return chat_prompt_ids(self.tokenizer, messages, self.max_prompt_tokens)
+        """The chat-templated prompt's token ids (tail kept past ``max_prompt_tokens``).
+
+        Memoised: the members of a group share their first prompt, and small envs revisit
+        states, while rendering a chat template is most of a tiny model's turn on CPU."""
+        try:
+            key = (
+                getattr(self.tokenizer, "chat_template", None),
+                self.max_prompt_tokens,
+                tuple((m["role"], m["content"]) for m in messages),
+            )
+            hash(key)
+        except (KeyError, TypeError):  # content parts (lists), extra fields: rendered each time
+            return chat_prompt_ids(self.tokenizer, messages, self.max_prompt_tokens)
+        ids = self._prompt_memo.get(key)
+        if ids is None:
+            if len(self._prompt_memo) >= PROMPT_MEMO_SIZE:
+                self._prompt_memo.clear()
+            ids = self._prompt_memo[key] = chat_prompt_ids(
+                self.tokenizer, messages, self.max_prompt_tokens
+            )
+        return list(ids)
 
     def generate(
         self, messages: Sequence[Messages], params: SamplingParams, infos: Infos = None
