@@ -49,7 +49,13 @@ def test_sampled_token_ids_and_logprobs_are_what_the_model_gives(smollm2_policy)
         concurrency=4,
         policy_version=7,
     )
-    records = _run(engine, make_episodes("AgentGym/Corridor-v0", tasks=1, group_size=2))
+    # The worker gathers what arrives within batch_wait_s of a first request (2 ms by default):
+    # on a machine busy with other work the second episode's reset can take longer than that.
+    wait, policy.batch_wait_s = policy.batch_wait_s, 0.5
+    try:
+        records = _run(engine, make_episodes("AgentGym/Corridor-v0", tasks=1, group_size=2))
+    finally:
+        policy.batch_wait_s = wait
     # the two requests arrived together and went through the model as one batch
     assert max(policy.batch_sizes) >= 2
     for rec in records:
