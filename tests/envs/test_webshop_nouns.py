@@ -118,7 +118,8 @@ def test_no_step_runs_spacy_after_load_and_rewards_are_unchanged(
 
 @pytest.mark.realdata
 def test_the_noun_table_is_what_tagging_each_title_alone_gives(counted_spacy, webshop_real_data):
-    titles = load_catalogue(webshop_real_data).titles
+    # a third of the real catalogue, spread over it: batching is what is tested, not the titles
+    titles = load_catalogue(webshop_real_data).titles[::3]
     batched = counted_spacy.extract_many(titles)
     one_by_one = [counted_spacy._extract(t) for t in titles]
     assert batched == one_by_one

@@ -53,7 +53,7 @@ class Recording:
     "env_id, kwargs",
     [
         ("AgentGym/Corridor-v0", {"length": 2, "max_episode_steps": 4}),
-        ("AgentGym/Sokoban-v0", {"max_episode_steps": 3}),
+        ("AgentGym/Sokoban-v0", {"max_episode_steps": 2}),  # the second step has history
     ],
 )
 def test_chosen_action_is_admissible(smollm2, env_id, kwargs):
