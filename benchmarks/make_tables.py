@@ -1569,14 +1569,7 @@ TABLES: list[Table] = [
     Table(
         name="webshop-ours",
         file=BENCH_README,
-        header=[
-            "measure",
-            "stock WebShop",
-            "agentgym",
-            "median ratio",
-            "total CPU time ratio",
-            "total wall ratio",
-        ],
+        header=WS_HEADER,
         rows=_ws_ours_rows(WEBSHOP_FULL),
         caption=lambda load: (
             None
