@@ -30,6 +30,8 @@ CORRIDOR = ["--env", "AgentGym/Corridor-v0", "--no-progress", "--no-tensorboard"
         (["--num-groups", "two"], "--num-groups: invalid int value: 'two'"),
         (["--prompt-template", "tiny"], "--prompt-template 'tiny'.*compact, "),
         (["--fmt", "json"], "--fmt 'json'.*think_action, search_answer, plain"),
+        (["--lora-layers", "2"], "--lora-layers needs --lora-rank > 0"),
+        (["--lora-layers", "-1"], "--lora-layers must be at least 0, got -1"),
     ],
 )
 def test_bad_config_is_one_line_and_exit_code_2(tmp_path, monkeypatch, capsys, flags, message):

@@ -57,6 +57,13 @@ def test_learns_corridor_with_gigpo(tmp_path):
     )
     # Learning, not just motion: evaluation on held-out layouts (split "test").
     assert final >= start + 0.3, [round(r["eval/success_rate"], 3) for r in ev]
+    # The steps of the won episodes: logged exactly when some episode won, and a win walks
+    # through every room (a detour adds a door and a "back").
+    rooms = config.env_kwargs.get("length", 4)
+    for row in train_rows:
+        assert ("rollout/won_episode_length" in row) == (row["rollout/success_rate"] > 0), row
+        if "rollout/won_episode_length" in row:
+            assert rooms <= row["rollout/won_episode_length"] <= config.max_episode_steps
     # The invalid-action rate falls as the model learns the action words.
     assert train_rows[-1]["rollout/invalid_rate"] < train_rows[0]["rollout/invalid_rate"]
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
@@ -650,3 +657,28 @@ def test_the_loop_gives_each_estimator_its_own_options():
         spec = advantage_estimator(name)
         own = {k: v for k, v in inputs.items() if k in spec.inputs}
         compute_advantage(name, **rows, **own, **estimator_options(config, spec))
+
+
+def test_lora_layers_adapt_only_the_top_layers(tmp_path):
+    """``lora_layers=1`` puts adapters on every linear module of the last decoder layer only, so
+    the backward pass stops there: the lower layers get no gradient at all."""
+    from trainers.gigpo.train import load_model_and_tokenizer
+
+    config = corridor(tmp_path, lora_rank=2, lora_layers=1, tiny_layers=3)
+    model, tokenizer = load_model_and_tokenizer(config, None)
+    adapted = {
+        n.split(".layers.")[1].split(".")[0] for n, _ in model.named_parameters() if "lora_A" in n
+    }
+    assert adapted == {"2"}
+    # every linear module of that layer: q, k, v, o, gate, up, down
+    assert sum("lora_A" in n for n, _ in model.named_parameters()) == 7
+    ids = torch.tensor([tokenizer.encode("red door")])
+    model(input_ids=ids).logits.sum().backward()
+    grads = {n for n, p in model.named_parameters() if p.grad is not None}
+    assert grads and all(".layers.2." in n for n in grads)
+
+    too_many = corridor(tmp_path, lora_rank=2, lora_layers=4, tiny_layers=3)
+    from trainers.gigpo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--lora-layers 4: the model has 3 decoder layers"):
+        load_model_and_tokenizer(too_many, None)

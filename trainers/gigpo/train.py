@@ -30,7 +30,8 @@ history (one dict per logged record, the same records as ``metrics.jsonl``).
 
 Metric names (stable; "<type>" is ``info["task_type"]`` where the env reports one):
 ``rollout/success_rate``, ``rollout/success_rate/<type>``, ``rollout/return``,
-``rollout/episode_length``, ``rollout/invalid_rate``, ``rollout/response_tokens``,
+``rollout/episode_length``, ``rollout/won_episode_length`` (steps of the won episodes, absent
+when none won), ``rollout/invalid_rate``, ``rollout/response_tokens``,
 ``rollout/logprob_diff``, ``advantage/mean``, ``advantage/std``, ``advantage/<step-group stat>``,
 ``advantage/segments_per_episode`` (HiPER),
 ``update/loss``, ``update/pg_loss``, ``update/kl``, ``update/clip_fraction``, ``update/entropy``,
@@ -243,13 +244,34 @@ def load_model_and_tokenizer(config: Config, resume_dir: Path | None) -> tuple[A
 
     if source is not None:
         return PeftModel.from_pretrained(base, source, is_trainable=True), tokenizer
+    layers = None
+    if config.lora_layers:
+        total = base.config.num_hidden_layers
+        if config.lora_layers > total:
+            raise ConfigError(
+                f"--lora-layers {config.lora_layers}: the model has {total} decoder layers"
+            )
+        layers = list(range(total - config.lora_layers, total))  # the top ones
     lora = LoraConfig(
         r=config.lora_rank,
         lora_alpha=config.lora_alpha,
-        target_modules="all-linear",
+        # peft takes a layer subset only with named modules: the linear ones of the layers
+        target_modules=decoder_linear_names(base) if layers else "all-linear",
+        layers_to_transform=layers,
         task_type="CAUSAL_LM",
     )
     return get_peft_model(base, lora), tokenizer
+
+
+def decoder_linear_names(model: Any) -> list[str]:
+    """The names (last part) of the linear modules inside the decoder layers, e.g. ``q_proj``."""
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and ".layers." in name
+        }
+    )
 
 
 def load_base_tokenizer(model: str, resume_dir: Path | None) -> Any:
@@ -532,6 +554,9 @@ def episode_metrics(prefix: str, batch: RolloutBatch) -> dict[str, float]:
         f"{prefix}/return": float(np.mean([t.total_return for t in trajs])),
         f"{prefix}/episode_length": float(np.mean([len(t.steps) for t in trajs])),
     }
+    if won.any():  # how directly the wins win (absent when none did)
+        lengths = [len(t.steps) for t, w in zip(trajs, won, strict=True) if w]
+        out[f"{prefix}/won_episode_length"] = float(np.mean(lengths))
     by_type: dict[str, list[float]] = defaultdict(list)
     for t, w in zip(trajs, won, strict=True):
         task_type = t.steps[-1].info.get("task_type") if t.steps else None
