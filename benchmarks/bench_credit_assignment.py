@@ -44,7 +44,7 @@ with ``--methods``). SPA-RL and OPRL train their learned step-reward models besi
 ``credit_curves.png`` (median held-out success, min-max band).
 
     python benchmarks/bench_credit_assignment.py variance          # ~15 s
-    python benchmarks/bench_credit_assignment.py curves --jobs 2   # 15-24 min on 2 cores
+    python benchmarks/bench_credit_assignment.py curves --jobs 2   # ~30 min on 2 cores
 """
 
 from __future__ import annotations
@@ -322,8 +322,10 @@ def plot_curves(summary: dict, path: Path) -> None:
 def run_curves(args: argparse.Namespace) -> dict:
     import tempfile
 
-    from bench_gigpo_vs_grpo import curve_summary, run_all
+    from bench_gigpo_vs_grpo import Config, curve_summary, run_all  # puts the clone on sys.path
 
+    if args.iterations is None:
+        args.iterations = Config.for_env("AgentGym/Corridor-v0").iterations
     t0 = time.perf_counter()
     jobs = [(m, seed) for seed in args.seeds for m in args.methods]
     with tempfile.TemporaryDirectory() as tmp:
@@ -395,7 +397,12 @@ def main(argv: list[str] | None = None) -> None:
         default=["gigpo", "spa", "oprl", "slate", "cw_grpo", "grpo", "hiper"],
     )
     c.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    c.add_argument("--iterations", type=int, default=40)
+    c.add_argument(
+        "--iterations",
+        type=int,
+        default=None,
+        help="default: the trainer's corridor preset's (60: its held-out layouts need about 50)",
+    )
     c.add_argument("--eval-every", type=int, default=5)
     c.add_argument("--branch-points", type=int, default=2, help="slate_tree's rollout")
     c.add_argument("--continuations", type=int, default=2, help="slate_tree's rollout")
