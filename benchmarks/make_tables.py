@@ -1018,12 +1018,28 @@ def _gigpo_vs_grpo_row(method: str, label: str) -> Row:
     return Row("gigpo_vs_grpo.json", make)
 
 
+def _gigpo_vs_grpo_caption(load) -> str | None:
+    d = load("gigpo_vs_grpo.json")
+    if d is None or d["summary"].get("auc_ratio_gigpo_over_grpo") is None:
+        return None
+    iterations = d["summary"]["methods"]["gigpo"]["iterations"][-1]
+    return (
+        f"{len(d['seeds'])} seeds x {iterations} iterations; curve-mean ratio GiGPO / GRPO "
+        f"{d['summary']['auc_ratio_gigpo_over_grpo']:.2f}; the run took "
+        f"{d['total_seconds'] / 60:.0f} minutes; plot in `results/gigpo_vs_grpo.png`."
+    )
+
+
 CURVE_METHODS = {
     "slate": "SLATE (stepwise)",
     "gigpo": "GiGPO",
+    "spa": "SPA-RL",
+    "oprl": "OPRL",
+    "hiper": "HiPER",
     "cw_grpo": "CW-GRPO",
     "grpo": "GRPO",
     "slate_tree": "SLATE-TREE",
+    "rloo": "RLOO",
 }
 
 
@@ -1033,10 +1049,12 @@ def _curve_row(method: str) -> Row:
         if m is None:
             return None
         per_seed = ", ".join(f"{v:.2g}" for v in m["final_per_seed"])
+        ratio = m.get("auc_ratio_over_grpo")
         return [
             CURVE_METHODS[method],
             f"{m['final_median']:.2f} ({per_seed})",
-            x(m["auc_ratio_over_grpo"]),
+            f"{m['auc_median']:.3f}",
+            "-" if ratio is None else x(ratio),  # None: GRPO's area is 0
             num(round(m["mean_actions_per_iteration"])),
         ]
 
@@ -1322,27 +1340,64 @@ def _eval_caption(load) -> str | None:
 
 
 def _learning_row(method: str, label: str) -> Row:
+    """One method of the real-model study over the seeds every method finished."""
+
     def make(d: Results) -> Cells | None:
-        run = d.get("runs", {}).get(method)
-        if run is None:
+        seeds = d.get("seeds_finished", [])
+        runs = [d["runs"][method][str(s)] for s in seeds if str(s) in d["runs"].get(method, {})]
+        if not runs:
             return None
-        c, n = run["curves"], d["iterations_compared"]
-        evals = [
-            (i, v)
-            for i, v in zip(c["eval_iteration"], c["eval_success_rate"], strict=True)
-            if i <= n
-        ]
-        rollouts = c["success_rate"][:n]
-        first, last = rollouts[:4], rollouts[-4:]
+        summary = d["summary"][method]
+
+        def per_seed(key: str, fmt: Callable[[object], str]) -> str:
+            return ", ".join(fmt(r[key]) for r in runs)
+
+        def two(v: object) -> str:
+            return "-" if v is None else f"{v:.2f}"
+
         return [
             label,
-            " / ".join(str(i) for i, _ in evals),
-            " / ".join(f"{v:.2f}" for _, v in evals),
-            f"{statistics.mean(first):.2f} -> {statistics.mean(last):.2f} "
-            f"(iterations 1-{len(first)} -> {n - len(last) + 1}-{n})",
+            f"{len(runs)}",
+            f"{per_seed('auc_held_out', two)} (median {two(summary['auc_held_out_median'])})",
+            f"{per_seed('auc_rollout', two)} (median {two(summary['auc_rollout_median'])})",
+            per_seed("first_iteration_at_0_9", lambda v: "-" if v is None else str(v)),
+            per_seed("final_held_out", two),
+            f"{two(summary['detours_per_win_median'])} / "
+            f"{two(summary['detours_per_win_last_quarter_median'])}",
         ]
 
     return Row("real_model_learning.json", make)
+
+
+def _learning_caption(load) -> str | None:
+    d = load("real_model_learning.json")
+    if d is None or "seeds_finished" not in d:
+        return None
+    cfg, held = d["config"], d["held_out"]
+    unfinished = [
+        f"{m} seed {s} ({len(r['curves']['iteration'])}/{cfg['iterations']} iterations)"
+        for m, runs in d["runs"].items()
+        for s, r in runs.items()
+        if not r["finished"]
+    ]
+    text = (
+        f"Seeds finished by every method: {', '.join(map(str, d['seeds_finished'])) or 'none'} "
+        f"of {', '.join(map(str, cfg['seeds']))}"
+        + (f"; unfinished: {', '.join(unfinished)}" if unfinished else "")
+        + f". {cfg['iterations']} iterations of {cfg['num_groups']} x {cfg['group_size']} "
+        f"episodes; held-out success is greedy over {cfg['eval_groups']} episodes of "
+        f"{held['distinct_test_layouts']} distinct test layouts ({held['test_texts_in_training']} "
+        f"test texts occur in training), every {cfg['eval_every']} iterations from 0."
+    )
+    ratio = _ratio(d, "auc_held_out_median")
+    if ratio is not None:
+        text += f" Held-out area ratio GiGPO / GRPO: {ratio:.2f}."
+    return text
+
+
+def _ratio(d: Results, key: str) -> float | None:
+    a, b = (d["summary"].get(m, {}).get(key) for m in ("gigpo", "grpo"))
+    return a / b if a is not None and b else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1805,6 +1860,7 @@ TABLES += [
         ],
         numeric=[False, False, False, False, True],
         rows=[_gigpo_vs_grpo_row("gigpo", "GiGPO"), _gigpo_vs_grpo_row("grpo", "GRPO")],
+        caption=_gigpo_vs_grpo_caption,
     ),
     Table(
         name="gpu-iteration",
@@ -1836,10 +1892,11 @@ TABLES += [
         header=[
             "method",
             "held-out success at the last iteration (median; per seed)",
-            "area under the curve / GRPO's",
+            "area under the curve (median)",
+            "area / GRPO's",
             "actions per iteration",
         ],
-        numeric=[False, False, True, True],
+        numeric=[False, False, True, True, True],
         rows=[_curve_row(m) for m in CURVE_METHODS],
     ),
 ]
@@ -1959,12 +2016,16 @@ TABLES += [
         file=BENCH_README,
         header=[
             "",
-            "held-out evaluation at iteration",
-            "held-out success",
-            "rollout success, first 4 iterations -> last 4 (mean)",
+            "seeds",
+            "held-out area under the curve (per seed)",
+            "rollout success, mean over iterations (per seed)",
+            "first iteration at 0.9 held out (per seed)",
+            "final held-out success (per seed)",
+            "detours per won episode, all / last quarter (median)",
         ],
-        numeric=[False] * 4,
+        numeric=[False] * 7,
         rows=[_learning_row("gigpo", "GiGPO"), _learning_row("grpo", "GRPO")],
+        caption=_learning_caption,
     ),
 ]
 
