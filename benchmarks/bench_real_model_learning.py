@@ -33,7 +33,7 @@ per evaluation, rollout success, return and the steps of won episodes per iterat
 area under the held-out curve, the first iteration at 0.9 and the detours per won episode) and
 ``real_model_learning.png``.
 
-    python benchmarks/bench_real_model_learning.py                       # 3 seeds, ~70 min on 2 cores
+    python benchmarks/bench_real_model_learning.py                       # 3 seeds, ~90 min on 2 cores
     python benchmarks/bench_real_model_learning.py --budget-minutes 30   # stop; rerun to continue
     python benchmarks/bench_real_model_learning.py --seeds 0 --iterations 2   # a quick check
 """

@@ -1362,8 +1362,7 @@ def _learning_row(method: str, label: str) -> Row:
             f"{per_seed('auc_rollout', two)} (median {two(summary['auc_rollout_median'])})",
             per_seed("first_iteration_at_0_9", lambda v: "-" if v is None else str(v)),
             per_seed("final_held_out", two),
-            f"{two(summary['detours_per_win_median'])} / "
-            f"{two(summary['detours_per_win_last_quarter_median'])}",
+            f"{per_seed('detours_per_win', two)} / {per_seed('detours_per_win_last_quarter', two)}",
         ]
 
     return Row("real_model_learning.json", make)
@@ -1380,18 +1379,21 @@ def _learning_caption(load) -> str | None:
         for s, r in runs.items()
         if not r["finished"]
     ]
+    started = {s for runs in d["runs"].values() for s in runs}
+    not_started = [str(s) for s in cfg["seeds"] if str(s) not in started]
     text = (
         f"Seeds finished by every method: {', '.join(map(str, d['seeds_finished'])) or 'none'} "
         f"of {', '.join(map(str, cfg['seeds']))}"
         + (f"; unfinished: {', '.join(unfinished)}" if unfinished else "")
+        + (f"; not started: seed {', '.join(not_started)}" if not_started else "")
         + f". {cfg['iterations']} iterations of {cfg['num_groups']} x {cfg['group_size']} "
         f"episodes; held-out success is greedy over {cfg['eval_groups']} episodes of "
         f"{held['distinct_test_layouts']} distinct test layouts ({held['test_texts_in_training']} "
         f"test texts occur in training), every {cfg['eval_every']} iterations from 0."
     )
-    ratio = _ratio(d, "auc_held_out_median")
-    if ratio is not None:
-        text += f" Held-out area ratio GiGPO / GRPO: {ratio:.2f}."
+    held, rollout = _ratio(d, "auc_held_out_median"), _ratio(d, "auc_rollout_median")
+    if held is not None and rollout is not None:
+        text += f" GiGPO / GRPO medians: held-out area {held:.2f}, rollout success {rollout:.2f}."
     return text
 
 
@@ -2021,7 +2023,7 @@ TABLES += [
             "rollout success, mean over iterations (per seed)",
             "first iteration at 0.9 held out (per seed)",
             "final held-out success (per seed)",
-            "detours per won episode, all / last quarter (median)",
+            "detours per won episode, all iterations / last quarter (per seed)",
         ],
         numeric=[False] * 7,
         rows=[_learning_row("gigpo", "GiGPO"), _learning_row("grpo", "GRPO")],
