@@ -148,6 +148,11 @@ class Config:
     """estimator registered in ``trainers.gigpo.advantage`` (``gigpo``, ``grpo``, ``rloo``,
     ``slate``, ``cw_grpo``, ``slea_rl``; ``spa`` and ``oprl`` train a learned step-reward model
     beside the policy)"""
+    experience_library: bool = True
+    """``--advantage slea_rl``: SLEA-RL's self-evolving experience library
+    (``agentgym.algorithms.slea_library``) puts the experiences retrieved for each step's
+    ``state_key`` before its prompt and evolves from every rollout (False: the advantage
+    alone). It lives in the trainer's process, so it needs ``env_backend="inprocess"``"""
     gamma: float = 0.95
     """discount of step returns, R_t = r_t + gamma * R_{t+1}"""
     omega: float = 1.0
@@ -326,6 +331,10 @@ class Config:
             return resolve_resume(self.resume).parent
         return Path(DEFAULT_OUT_DIR)
 
+    def uses_experience_library(self) -> bool:
+        """SLEA-RL's experience library is on: ``--advantage slea_rl`` with the library."""
+        return self.advantage == "slea_rl" and self.experience_library
+
     def validate(self, cli: bool = False) -> None:
         """Raise :class:`ConfigError` (one line naming the valid choices) if this config cannot
         run: unknown names, sizes below 1, a missing model or checkpoint, a used ``out_dir``.
@@ -395,6 +404,12 @@ class Config:
                      "history_length", "temperature", "kl_coef", "entropy_coef"):  # fmt: skip
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ConfigError(f"{flag(name)} must be at least 0, got {getattr(self, name)}")
+        if self.uses_experience_library() and self.env_backend != "inprocess":
+            raise ConfigError(
+                f"{flag('advantage')} slea_rl keeps its experience library in the trainer's "
+                f"process: use {flag('env_backend')} inprocess, or leave the library out ("
+                + ("--no-experience-library)" if cli else "experience_library=False)")
+            )
         if self.lora_layers and not self.lora_rank:
             raise ConfigError(f"{flag('lora_layers')} needs {flag('lora_rank')} > 0")
         if not 0 <= self.gamma <= 1:

@@ -92,6 +92,7 @@ def make_group_env(
     backend: str = "inprocess",
     num_workers: int | None = None,
     llm_env: Callable[..., Any] = make_llm_env,
+    prompt_wrappers: list[tuple[Callable[..., Any], dict[str, Any]]] | None = None,
 ) -> GroupVectorEnv:
     """A :class:`GroupVectorEnv` whose envs take raw model text and return rendered prompts.
 
@@ -100,7 +101,9 @@ def make_group_env(
     ``trainers.gigpo.scored.ACTIONS_TEMPLATE``), a ``PromptTemplate``, or None for the env
     family's template. ``llm_env``: the wrapper that makes each env take model text
     (:func:`~agentgym.wrappers.llm.make_llm_env`, or the same with HiPER's subgoals:
-    :func:`trainers.gigpo.subgoals.make_subgoal_llm_env`).
+    :func:`trainers.gigpo.subgoals.make_subgoal_llm_env`). ``prompt_wrappers``: (wrapper,
+    kwargs) applied over the rendered prompts, e.g. SLEA-RL's
+    :class:`~agentgym.algorithms.slea_library.ExperiencePrompt`.
     """
     llm_kwargs: dict[str, Any] = {"history_length": history_length}
     if template is not None:
@@ -114,7 +117,7 @@ def make_group_env(
         backend=backend,
         num_workers=num_workers,
         env_kwargs=env_kwargs,
-        wrappers=[(llm_env, llm_kwargs)],
+        wrappers=[(llm_env, llm_kwargs), *(prompt_wrappers or [])],
     )
 
 

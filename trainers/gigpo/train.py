@@ -427,11 +427,19 @@ def _env_kwargs(config: Config) -> dict[str, Any]:
     return kwargs
 
 
-def make_run_envs(config: Config, num_groups: int, group_size: int, *, evaluation: bool) -> Any:
+def make_run_envs(
+    config: Config, num_groups: int, group_size: int, *, evaluation: bool, library: Any = None
+) -> Any:
     """The run's group env: one ``GroupVectorEnv``, or with ``extra_envs`` a
     :class:`~trainers.gigpo.multienv.MixedEnvs` whose groups are split between the envs
-    (training: by ``env_weights``; evaluation: evenly), each env with its own settings."""
+    (training: by ``env_weights``; evaluation: evenly), each env with its own settings.
+    ``library``: SLEA-RL's experience library, whose hints every prompt then starts with."""
     configs = env_configs(config)
+    prompt_wrappers = None
+    if library is not None:
+        from agentgym.algorithms.slea_library import ExperiencePrompt
+
+        prompt_wrappers = [(ExperiencePrompt, {"library": library})]
 
     def make(c: Config, groups: int) -> Any:
         return make_group_env(
@@ -445,6 +453,7 @@ def make_run_envs(config: Config, num_groups: int, group_size: int, *, evaluatio
             backend=config.env_backend,
             num_workers=config.env_workers,
             llm_env=llm_env_for(config.advantage),
+            prompt_wrappers=prompt_wrappers,
         )
 
     if len(configs) == 1:
@@ -1074,10 +1083,21 @@ def train(config: Config) -> list[dict[str, Any]]:
         if resume_dir is not None:  # checkpoints hold the policy only, not this model
             note = "its learned step-reward model is not in the checkpoint: it starts afresh"
             print(f"--advantage {config.advantage}: {note}", file=sys.stderr)
-    venv = make_run_envs(config, config.num_groups, config.group_size, evaluation=False)
+    # SLEA-RL's experience library: shared by the train and eval envs of this process.
+    library = None
+    if config.uses_experience_library():
+        from agentgym.algorithms.slea_library import ExperienceLibrary
+
+        library = ExperienceLibrary()
+        if resume_dir is not None:  # as SPA's and OPRL's models: not in the checkpoint
+            note = "its experience library is not in the checkpoint: it starts empty"
+            print(f"--advantage {config.advantage}: {note}", file=sys.stderr)
+    venv = make_run_envs(
+        config, config.num_groups, config.group_size, evaluation=False, library=library
+    )
     eval_venv = None
     if config.eval_tasks() > 0:
-        eval_venv = make_run_envs(config, config.eval_tasks(), 1, evaluation=True)
+        eval_venv = make_run_envs(config, config.eval_tasks(), 1, evaluation=True, library=library)
 
     start, history = restore_state(state, optimizer) if state is not None else (0, [])
     if config.overwrite and not resuming_in_place:  # only now: a failed load keeps the old run
@@ -1145,6 +1165,11 @@ def train(config: Config) -> list[dict[str, Any]]:
             record["rollout/actions"] = len(batch)
             record["rollout/invalid_rate"] = float(batch.invalid.mean())
             record["rollout/response_tokens"] = float(np.mean([len(r) for r in batch.response_ids]))
+            if library is not None:  # SLEA-RL: the library evolves from every rollout
+                record.update(
+                    {f"slea/{k}": v for k, v in library.update(batch.trajectories).items()}
+                )
+                record["slea/experiences"] = len(library)
 
             # ADVANTAGE -------------------------------------------------------------------
             t0 = time.perf_counter()
