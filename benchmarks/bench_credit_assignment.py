@@ -31,7 +31,8 @@ independent steps, ``sum_t Var(r_t) / Var(r at the branch step)`` from measured 
 variances. Writes ``benchmarks/results/credit_variance.json``; medians over ``--repeats``
 independent repeats.
 
-Learning curves (``curves``): GiGPO, SPA-RL, OPRL, SLATE (``--rollout stepwise``, the paper's
+Learning curves (``curves``): GiGPO, SPA-RL, OPRL, SLEA-RL (its advantage, with its experience
+library putting retrieved experiences into the prompts), SLATE (``--rollout stepwise``, the paper's
 truncated step-level sampling with the rule judge's dense reward), CW-GRPO (the rule judge), GRPO
 and HiPER (subgoal replies, planner and executor advantages per token; its mean segments per
 episode are reported) train the same tiny random Qwen2 with the same script
@@ -45,6 +46,7 @@ with ``--methods``). SPA-RL and OPRL train their learned step-reward models besi
 
     python benchmarks/bench_credit_assignment.py variance          # ~15 s
     python benchmarks/bench_credit_assignment.py curves --jobs 2   # ~30 min on 2 cores
+    python benchmarks/bench_credit_assignment.py curves --jobs 2 --methods slea_rl --add
 """
 
 from __future__ import annotations
@@ -248,6 +250,7 @@ COLORS = {
     "spa": (140, 86, 75),
     "oprl": (227, 119, 194),
     "hiper": (80, 160, 60),
+    "slea_rl": (188, 189, 34),
 }
 
 
@@ -266,6 +269,7 @@ METHODS = {
     "slate": lambda a: {"advantage": "slate", "rollout": "stepwise", "norm": "mean_std_norm"},
     "spa": lambda a: {"advantage": "spa"},
     "oprl": lambda a: {"advantage": "oprl"},
+    "slea_rl": lambda a: {"advantage": "slea_rl"},  # with its experience library in the prompts
     "hiper": lambda a: {"advantage": "hiper", "norm": "mean_std_norm", "max_new_tokens": 2},
     "slate_tree": lambda a: {
         "advantage": "slate",
@@ -319,6 +323,22 @@ def plot_curves(summary: dict, path: Path) -> None:
         fig.savefig(tmp, dpi=120, format="png")
 
 
+def added_to(args: argparse.Namespace) -> dict:
+    """The committed ``credit_curves.json`` that ``--add`` adds runs to; its seeds, iterations
+    and evaluation interval must be this call's, so that every curve is at equal samples."""
+    path = RESULTS / "credit_curves.json"
+    if not path.is_file():
+        raise SystemExit(f"--add: {path} does not exist; run the curves without --add first")
+    previous = json.loads(path.read_text())
+    for name in ("seeds", "iterations", "eval_every"):
+        if previous["args"][name] != getattr(args, name):
+            raise SystemExit(
+                f"--add: {path} was measured with {name} {previous['args'][name]}, not "
+                f"{getattr(args, name)}; pass the same, or rerun every method"
+            )
+    return previous
+
+
 def run_curves(args: argparse.Namespace) -> dict:
     import tempfile
 
@@ -326,12 +346,19 @@ def run_curves(args: argparse.Namespace) -> dict:
 
     if args.iterations is None:
         args.iterations = Config.for_env("AgentGym/Corridor-v0").iterations
+    previous = added_to(args) if args.add else None
     t0 = time.perf_counter()
     jobs = [(m, seed) for seed in args.seeds for m in args.methods]
     with tempfile.TemporaryDirectory() as tmp:
         runs = run_all(train_run, jobs, args.jobs, args, tmp)
+    methods = list(args.methods)
+    if previous is not None:  # the other methods' runs stay as they were measured
+        kept = [m for m in previous["summary"]["methods"] if m not in methods]
+        runs = [r for r in previous["runs"] if r["method"] in kept] + runs
+        methods = kept + methods
+        args.methods = methods
     summary: dict = {"methods": {}}
-    for method in args.methods:
+    for method in methods:
         mine = [r for r in runs if r["method"] == method]
         summary["methods"][method] = {
             **curve_summary(mine),
@@ -364,7 +391,7 @@ def run_curves(args: argparse.Namespace) -> dict:
         "args": {k: v for k, v in vars(args).items() if k != "what"},
         "summary": summary,
         "runs": runs,
-        "total_seconds": time.perf_counter() - t0,
+        "total_seconds": time.perf_counter() - t0 + (previous or {}).get("total_seconds", 0.0),
         "machine": {
             "python": platform.python_version(),
             "note": "timings depend on the machine and its load",
@@ -394,7 +421,7 @@ def main(argv: list[str] | None = None) -> None:
         "--methods",
         nargs="+",
         choices=sorted(METHODS),
-        default=["gigpo", "spa", "oprl", "slate", "cw_grpo", "grpo", "hiper"],
+        default=["gigpo", "spa", "oprl", "slea_rl", "slate", "cw_grpo", "grpo", "hiper"],
     )
     c.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     c.add_argument(
@@ -407,6 +434,12 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--branch-points", type=int, default=2, help="slate_tree's rollout")
     c.add_argument("--continuations", type=int, default=2, help="slate_tree's rollout")
     c.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
+    c.add_argument(
+        "--add",
+        action="store_true",
+        help="run only --methods and add them to the existing credit_curves.json (same seeds, "
+        "iterations and evaluation interval), keeping the other methods' runs",
+    )
     args = parser.parse_args(argv)
     if args.what == "variance":
         print(f"wrote {write('credit_variance.json', run_variance(args))}")

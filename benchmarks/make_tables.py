@@ -1035,6 +1035,7 @@ CURVE_METHODS = {
     "gigpo": "GiGPO",
     "spa": "SPA-RL",
     "oprl": "OPRL",
+    "slea_rl": "SLEA-RL",
     "hiper": "HiPER",
     "cw_grpo": "CW-GRPO",
     "grpo": "GRPO",
