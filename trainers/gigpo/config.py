@@ -237,8 +237,8 @@ class Config:
     """LoRA alpha"""
     lora_layers: int = 0
     """LoRA on the top N decoder layers only (0: all). The backward pass stops at the lowest
-    adapted layer, so on CPU an update costs about (2 + 4 N / L) / 6 of a full one for a model of
-    L layers: the cheap way to fine-tune a real model on a few cores"""
+    adapted layer: on CPU, SmolLM2 with 8 of its 30 layers adapted costs 0.62 s of a core per
+    update row against 0.83-0.95 s with all 30 (the forward pass still runs every layer)"""
     gradient_checkpointing: bool | None = None
     """activation checkpointing during the update (memory for compute); None: on CUDA only"""
     dtype: str = "auto"
