@@ -22,7 +22,10 @@ Ours, for the same batch of queries:
 Queries: the scripted searcher's queries over the generated questions (``bench_searchqa.py``'s
 corpus: the knowledge base plus ``--corpus-size`` distractor passages). For each batch size B the
 queries are cut into turns of B (cycling, ``--passes`` times over the queries, at most
-``--max-turns`` turns), every turn timed for each way, the ways' order rotated turn by turn.
+``--max-turns`` turns), every turn timed for each way, the ways' order rotated turn by turn;
+before that, untimed passes over the queries at that B until three passes agree within 10% in CPU
+time (this process's plus the server's), so the server's JVM is not still compiling when the
+clock runs.
 Reported per B: per-turn medians and p99, total time of all turns of a repeat, and the ratios
 Search-R1 / ours of both (total-time ratio median over ``--repeats``); and the total CPU time of
 a repeat: for ours this process's CPU time (``time.process_time``) over our calls, for Search-R1
@@ -48,8 +51,10 @@ bm25`` of the same corpus file, each in its own process. ``--clients`` N concurr
 16, 256), one keep-alive HTTP/1.1 connection each (opened before the clock starts), send one
 query per request in Search-R1's request shape, each its next request when the last is answered,
 until ``--requests`` are answered; ``--repeats`` windows per client count, the servers' order
-alternating. Reported per N: medians of the total time, time per request, p50/p99 latency, the
-server process's CPU time (user + system, all threads, from /proc) and the load generator's,
+alternating, after ``--warmup`` passes at 16 clients, then at each N passes of 1,024 requests
+until three agree within 10% in CPU time (client and server). Reported per N: medians of the total time, time per request,
+p50/p99 latency, the server process's CPU time (user + system, all threads, from /proc) and the
+load generator's,
 and the medians of the per-repeat Search-R1 / ours ratios of total time and server CPU. Top-k
 identity: each query alone, top 3 and top 10, passage texts in order (Search-R1's BM25 answer
 has no ids) and scores.
@@ -89,6 +94,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -243,6 +249,26 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid``, all its threads (a JVM's too), from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def warm_until_steady(
+    one_pass: Callable[[], None], pid: int, *, tol: float = 0.1, max_passes: int = 30
+) -> int:
+    """Run ``one_pass`` until the last three passes' CPU times (this process's plus server
+    ``pid``'s, every thread) agree within ``tol``, at most ``max_passes``; returns the passes.
+
+    A fixed number of passes left the Search-R1 server's JVM compiling into the timed repeats:
+    its CPU per repeat fell from 8.4 s to 3.7 s over five repeats, and the first repeat's ratio
+    stood 1.5x above the last's."""
+    times: list[float] = []
+    for passes in range(1, max_passes + 1):
+        c0, s0 = time.process_time(), cpu_seconds(pid)
+        one_pass()
+        times.append(time.process_time() - c0 + cpu_seconds(pid) - s0)
+        last = times[-3:]
+        if len(last) == 3 and max(last) <= (1 + tol) * min(last):
+            return passes
+    return max_passes
 
 
 async def closed_loop(url: str, bodies: list[bytes], clients: int, requests: int) -> dict:
@@ -424,6 +450,19 @@ def bench_servers(
     names = list(urls)
     out: dict = {}
     for clients in args.clients:
+        # and at this client count until steady: a server warmed at 16 clients still spent half
+        # again as much CPU in its first 1-client window as in its last
+        warm_requests = max(len(bodies), 1024)
+        warmup_passes = {
+            name: warm_until_steady(
+                lambda url=url, n=clients, r=warm_requests: asyncio.run(
+                    closed_loop(url, bodies, n, r)
+                ),
+                pids[name],
+            )
+            for name, url in urls.items()
+        }
+        print(f"  {clients} clients: warm-up passes until steady {warmup_passes}", flush=True)
         runs: dict[str, dict[str, list[float]]] = {
             n: {"total_s": [], "server_cpu_s": [], "client_cpu_s": [], "latency_p50_ms": [],
                 "latency_p99_ms": []}
@@ -459,6 +498,7 @@ def bench_servers(
             ),
             "runs": runs,
         }
+        row["warmup_passes_until_steady"] = warmup_passes
         out[str(clients)] = row
         print(
             f"  {clients:>3} clients, {args.requests} requests: total Search-R1 "
@@ -732,6 +772,15 @@ def main() -> int:
                 [queries[(t * batch_size + i) % len(queries)] for i in range(batch_size)]
                 for t in range(n_turns)
             ]
+            # untimed, until steady: the server's JVM keeps compiling long after its first
+            # queries, and each batch size exercises other paths (one query against many)
+            warm_turns = turns[: max(1, -(-len(queries) // batch_size))]
+            warmup_passes = warm_until_steady(
+                lambda warm_turns=warm_turns: [
+                    (way_search_r1(b), way_ours_batched(b), way_ours_env(b)) for b in warm_turns
+                ],
+                proc.pid,
+            )
             per_turn: dict[str, list[float]] = {w: [] for w in ways}
             totals: dict[str, list[float]] = {w: [] for w in ways}
             cpu_totals: dict[str, list[float]] = {w: [] for w in ways}
@@ -774,6 +823,7 @@ def main() -> int:
             ratio_cpu = {w: statistics.median(cpu_per_repeat[w]) for w in ours_ways}
             per_batch[str(batch_size)] = {
                 "turns_per_repeat": n_turns,
+                "warmup_passes_until_steady": warmup_passes,
                 "per_turn_median_ms": med,
                 "per_turn_p99_ms": {w: _p99(per_turn[w]) for w in ways},
                 "total_s_median": {w: statistics.median(totals[w]) for w in ways},
