@@ -59,6 +59,14 @@ and the medians of the per-repeat Search-R1 / ours ratios of total time and serv
 identity: each query alone, top 3 and top 10, passage texts in order (Search-R1's BM25 answer
 has no ids) and scores.
 
+Builds (``--builds``, writes ``results/searchr1_builds.json``): Search-R1's BM25 index (its
+``index_builder.py`` flags, one thread) and ``agentgym retrieval index --kind bm25`` of the same
+corpus file, ``--repeats`` builds each in their own processes, alternating: wall time, CPU time
+(user + system, every thread) and peak resident memory of the build process (the kernel's
+``wait4`` accounting), and the index's size on disk. Over the last builds, each server as above:
+seconds from its start to its first answer, then its resident memory (now and peak, from /proc)
+after answering every query once.
+
 Get Search-R1 (only its two files above are read; nothing of it is kept)::
 
     git clone https://github.com/PeterGriffinJin/Search-R1 ~/Search-R1
@@ -67,6 +75,8 @@ Get Search-R1 (only its two files above are read; nothing of it is kept)::
     python benchmarks/bench_searchr1.py --search-r1 ~/Search-R1 --in-process-only \
         --corpus-size 500000 --out benchmarks/results/searchr1_500k.json
     python benchmarks/bench_searchr1.py --search-r1 ~/Search-R1 --servers   # ~8 minutes
+    python benchmarks/bench_searchr1.py --search-r1 ~/Search-R1 --builds --corpus-size 1000000 \
+        --repeats 3 --out benchmarks/results/searchr1_1m_builds.json
 
 (its server imports faiss, torch, transformers and datasets at the top, though BM25 needs none
 of them). The index build and the server start their JVM through ``agentgym.retrieval.java.
@@ -158,18 +168,16 @@ def search_r1_batch_search(session_post, url: str, queries: list[str], topk: int
     return out
 
 
-def _start_server(
-    checkout: Path, work: Path, java_home: str, log, serve: bool = True
-) -> tuple[subprocess.Popen | None, str | None]:
-    """Build Search-R1's Lucene index and start its server; return (process, /retrieve URL)
-    (``(None, None)``, the index only, when ``serve`` is false)."""
+def _search_r1_env(java_home: str) -> dict[str, str]:
     # offline: its datasets/transformers imports must not wait on the Hugging Face hub
-    env = {**os.environ, "JAVA_HOME": java_home, "TOKENIZERS_PARALLELISM": "false",
-           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}  # fmt: skip
-    index = work / "bm25"
-    t0 = time.perf_counter()
-    # index_builder.py's `python -m pyserini.index.lucene ...`, its JVM started by ensure_java
-    flags = ["--collection", "JsonCollection", "--input", str(work / "corpus"),
+    return {**os.environ, "JAVA_HOME": java_home, "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}  # fmt: skip
+
+
+def lucene_build_command(corpus_dir: Path, index: Path) -> list[str]:
+    """Search-R1's ``index_builder.py`` BM25 build: ``python -m pyserini.index.lucene`` with its
+    flags (one thread), its JVM started by ``ensure_java``."""
+    flags = ["--collection", "JsonCollection", "--input", str(corpus_dir),
              "--index", str(index), "--generator", "DefaultLuceneDocumentGenerator",
              "--threads", "1"]  # fmt: skip
     build = (
@@ -179,10 +187,30 @@ def _start_server(
         f"sys.argv = ['pyserini.index.lucene', *{flags!r}]\n"
         "runpy.run_module('pyserini.index.lucene', run_name='__main__')\n"
     )
-    subprocess.run(
-        [sys.executable, "-c", build], check=True, env=env, stdout=log, stderr=subprocess.STDOUT
-    )
-    print(f"  Lucene index built in {time.perf_counter() - t0:.1f} s", flush=True)
+    return [sys.executable, "-c", build]
+
+
+def ours_build_command(corpus: Path, out: Path, *extra: str) -> list[str]:
+    """``agentgym retrieval index --corpus corpus --out out ...``, as a user runs it."""
+    return [sys.executable, "-m", "agentgym.cli", "retrieval", "index", "--corpus", str(corpus),
+            "--out", str(out), "--quiet", *extra]  # fmt: skip
+
+
+def _start_server(
+    checkout: Path, work: Path, java_home: str, log, serve: bool = True, build: bool = True
+) -> tuple[subprocess.Popen | None, str | None]:
+    """Build Search-R1's Lucene index (``work / "bm25"``, unless ``build`` is false: it is
+    there) and start its server; return (process, /retrieve URL) (``(None, None)``, the index
+    only, when ``serve`` is false)."""
+    env = _search_r1_env(java_home)
+    index = work / "bm25"
+    if build:
+        t0 = time.perf_counter()
+        subprocess.run(
+            lucene_build_command(work / "corpus", index), check=True, env=env, stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        print(f"  Lucene index built in {time.perf_counter() - t0:.1f} s", flush=True)
     if not serve:
         return None, None
     server_dir = work / "search_r1_server"  # outside the repository, deleted afterwards
@@ -239,9 +267,8 @@ def start_ours(
 def build_ours(corpus: Path, out: Path, log, env: dict[str, str], *extra: str) -> None:
     """``agentgym retrieval index --corpus corpus --out out ...`` in its own process."""
     subprocess.run(
-        [sys.executable, "-m", "agentgym.cli", "retrieval", "index", "--corpus", str(corpus),
-         "--out", str(out), "--quiet", *extra],
-        check=True, env=env, stdout=log, stderr=subprocess.STDOUT,
+        ours_build_command(corpus, out, *extra), check=True, env=env, stdout=log,
+        stderr=subprocess.STDOUT,
     )  # fmt: skip
 
 
@@ -573,6 +600,139 @@ def main_servers(args) -> int:
     return 0
 
 
+# Runs argv[2:] in a child and writes its wall seconds and its rusage to argv[1]. The child is
+# forked from this small process, not from the benchmark: Linux carries a process's peak RSS
+# across fork and exec, so a child of the benchmark (which holds the corpus) would report the
+# benchmark's own size as its peak.
+_WAIT4 = """
+import json, os, sys, time
+t0 = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    json.dump({"wall_s": time.perf_counter() - t0, "cpu_s": usage.ru_utime + usage.ru_stime,
+               "peak_rss_mib": usage.ru_maxrss / 1024}, f)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def run_measured(cmd: list[str], env: dict[str, str], log, work: Path) -> dict[str, float]:
+    """Run ``cmd`` to the end; its wall seconds, CPU seconds (user + system, every thread) and
+    peak resident memory (MiB), from the kernel's accounting of the finished process."""
+    out = work / "rusage.json"
+    subprocess.run(
+        [sys.executable, "-c", _WAIT4, str(out), *cmd], check=True, env=env, stdout=log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    return json.loads(out.read_text())
+
+
+def dir_mib(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+def memory_mib(pid: int) -> dict[str, float]:
+    """Resident memory of process ``pid`` now and at its peak (VmRSS, VmHWM), MiB."""
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return {
+        "rss_mib": int(fields["VmRSS"].split()[0]) / 1024,
+        "peak_rss_mib": int(fields["VmHWM"].split()[0]) / 1024,
+    }
+
+
+def main_builds(args) -> int:
+    """``--builds``: index build time and memory, and the memory of each server serving it."""
+    import agentgym
+    from agentgym.retrieval.java import ensure_java
+
+    load_before = os.getloadavg()[0]
+    work = Path(tempfile.mkdtemp(prefix="bench-searchr1-builds-"))
+    log = open(work / "servers.log", "w")  # noqa: SIM115 - closed in finally
+    procs: dict[str, subprocess.Popen] = {}
+    runs: dict[str, list[dict[str, float]]] = {"search_r1": [], "ours": []}
+    try:
+        docs, corpus, queries = corpus_and_queries(work, args.corpus_size, "corpus/corpus.jsonl")
+        java_home = ensure_java()
+        env_theirs, env_ours = _search_r1_env(java_home), dict(os.environ)
+        bodies = [
+            json.dumps({"queries": [q], "topk": 3, "return_scores": True}).encode() for q in queries
+        ]
+        print(f"{len(docs):,} passages: {args.repeats} builds each, alternating", flush=True)
+        for repeat in range(args.repeats):
+            for name in ("search_r1", "ours") if repeat % 2 == 0 else ("ours", "search_r1"):
+                index = work / f"{name}-{repeat}"
+                if name == "search_r1":
+                    cmd = lucene_build_command(corpus.parent, index)
+                    run = run_measured(cmd, env_theirs, log, work)
+                else:
+                    cmd = ours_build_command(corpus, index, "--kind", "bm25")
+                    run = run_measured(cmd, env_ours, log, work)
+                run["index_mib"] = dir_mib(index)
+                if repeat == args.repeats - 1:
+                    # the server over the last build, as a user starts it: time to its first
+                    # answer, then its memory after answering every query once
+                    t0 = time.perf_counter()
+                    if name == "search_r1":
+                        (work / "bm25").unlink(missing_ok=True)
+                        (work / "bm25").symlink_to(index)
+                        procs[name], url = _start_server(
+                            args.search_r1, work, java_home, log, build=False
+                        )
+                    else:
+                        procs[name], url = start_ours(index, log, env_ours)
+                    run["server_ready_s"] = time.perf_counter() - t0
+                    asyncio.run(closed_loop(url, bodies, 1, len(bodies)))
+                    run.update({f"server_{k}": v for k, v in memory_mib(procs[name].pid).items()})
+                else:
+                    shutil.rmtree(index)
+                runs[name].append(run)
+                print(f"  {name} build {repeat}: {run}", flush=True)
+    finally:
+        server_log = stop_servers(procs, log, work)
+
+    def med(name: str, key: str) -> float | None:
+        values = [r[key] for r in runs[name] if key in r]
+        return statistics.median(values) if values else None
+
+    keys = ["wall_s", "cpu_s", "peak_rss_mib", "index_mib"]
+    summary = {key: {n: med(n, key) for n in runs} for key in keys}
+    server = {
+        key: {n: runs[n][-1][key] for n in runs}
+        for key in ("server_ready_s", "server_rss_mib", "server_peak_rss_mib")
+    }
+    report = {
+        "benchmark": "searchr1_builds",
+        **run_header(load_before),
+        "versions": {"agentgym": agentgym.__version__, "search_r1_commit": _commit(args.search_r1)},
+        "settings": {
+            "passages": len(docs),
+            "queries": len(queries),
+            "repeats": args.repeats,
+            "search_r1_build": "python -m pyserini.index.lucene with index_builder.py's flags "
+            "(JsonCollection, DefaultLuceneDocumentGenerator, --threads 1)",
+            "ours_build": "agentgym retrieval index --kind bm25",
+            "measured": "build: wall, CPU (user + system, all threads) and peak RSS of the "
+            "build process (wait4 rusage), index size on disk; server (over the last build): "
+            "seconds from start to its first answer, then RSS and peak RSS after answering "
+            "every query once, one client",
+        },
+        "builds_median": summary,
+        "build_ratios_per_repeat": {
+            key: [t[key] / o[key] for t, o in zip(runs["search_r1"], runs["ours"], strict=True)]
+            for key in ("wall_s", "cpu_s", "peak_rss_mib")
+        },
+        "server": server,
+        "runs": runs,
+        "servers_log_tail": server_log[-500:],
+    }
+    write_report(report, args.out or RESULTS.with_name("searchr1_builds.json"))
+    return 0
+
+
 def corpus_and_queries(
     work: Path, corpus_size: int, corpus_name: str
 ) -> tuple[list[dict], Path, list[str]]:
@@ -677,6 +837,12 @@ def main() -> int:
         help="server against server: `agentgym retrieval serve` against Search-R1's "
         "retrieval_server.py at --clients concurrent clients (writes searchr1_server.json)",
     )
+    p.add_argument(
+        "--builds",
+        action="store_true",
+        help="index builds (time, CPU, peak memory, size) and each server's memory over them, "
+        "--repeats builds each (writes searchr1_builds.json)",
+    )
     p.add_argument("--clients", type=int, nargs="+", default=[1, 16, 256], help="--servers only")
     p.add_argument(
         "--requests", type=int, default=1024, help="--servers: one-query requests per window"
@@ -697,6 +863,8 @@ def main() -> int:
         sys.exit(f"{args.search_r1} lacks {CLIENT_FILE}: is it a Search-R1 checkout?")
     if args.servers:
         return main_servers(args)
+    if args.builds:
+        return main_builds(args)
     args.out = args.out or RESULTS
 
     import requests

@@ -2,10 +2,14 @@
 
 Measures, each repeated ``--repeats`` times (medians and ratios reported):
 
-(a) steps/s with uniformly random moves on a fixed 6x6 / 1-box room. Ours returns the text
-    observation and the full info dict; gym-sokoban's ``SokobanEnv.step`` with its cheapest
-    observation mode in 0.0.6 (``tiny_rgb_array``, the mode verl-agent steps it in), and with
-    its default ``rgb_array``. Resets after a win are not timed (for either).
+(a) steps/s with uniformly random moves on 6x6 / 1-box rooms, ``--step-rooms`` per repeat (each
+    side's own generator seeded alike, the steps split evenly among them), ours and theirs
+    alternating room by room: with one room per repeat and each side's steps timed in one
+    block, the repeats' ratios disagreed by 1.5x.
+    Ours returns the text observation and the full info dict; gym-sokoban's
+    ``SokobanEnv.step`` with its cheapest observation mode in 0.0.6 (``tiny_rgb_array``, the
+    mode verl-agent steps it in), and with its default ``rgb_array``. Resets (to a new room, or
+    to the same one after a win) are not timed, for either.
 (b) 6x6 / 1-box room generation, rooms/s (gym-sokoban's ``generate_room`` with its env's
     retry-on-failure loop, against our ``generate_room``).
 (c) 10x10 / 3-box room generation, rooms/s. gym-sokoban can take seconds per room, so it runs
@@ -112,47 +116,73 @@ def no_gc(fn):
 
 
 # -- (a) steps/s -------------------------------------------------------------------------------
-@no_gc
-def ours_steps_per_s(n: int, seed: int) -> tuple[float, float]:
-    env = SokobanEnv(max_episode_steps=None)
-    env.reset(seed=seed)
-    rng = np.random.default_rng(seed)
-    actions = [MOVES[i] for i in rng.integers(4, size=n).tolist()]
-    step = env.step
-    clock, moves = Clock(), iter(actions)
+def _split(n: int, parts: int) -> list[int]:
+    return [n // parts + (i < n % parts) for i in range(parts)]
+
+
+def _split(n: int, parts: int) -> list[int]:
+    return [n // parts + (i < n % parts) for i in range(parts)]
+
+
+def _ours_room_steps(env: SokobanEnv, room_seed: int, moves: list[str], clock: Clock) -> None:
+    env.reset(seed=room_seed)
+    step, it = env.step, iter(moves)
     while True:  # a win ends the section: the reset to the same room is not timed
         with clock:
-            for a in moves:
+            for a in it:
                 if step(a)[2]:
                     break
             else:
-                break
-        env.reset(seed=seed)
-    return clock.rates(n)
+                return
+        env.reset(seed=room_seed)
 
 
-@no_gc
-def theirs_steps_per_s(GymSokoban, n: int, seed: int, mode: str) -> tuple[float, float]:
-    random.seed(seed)
-    np.random.seed(seed)
-    env = GymSokoban(dim_room=(6, 6), num_boxes=1, max_steps=10**12, reset=False)
+def _theirs_room_steps(env, room_seed: int, moves: list[int], mode: str, clock: Clock) -> None:
+    random.seed(room_seed)
+    np.random.seed(room_seed)
     with _quiet():
         env.reset()
     saved = (env.room_state.copy(), env.player_position.copy())
-    rng = np.random.default_rng(seed)
-    actions = (rng.integers(4, size=n) + 1).tolist()  # 1..4: push (or move) up/down/left/right
-    step = env.step
-    clock, moves = Clock(), iter(actions)
+    step, it = env.step, iter(moves)
     while True:  # solved: restore the start, untimed
         with clock:
-            for a in moves:
+            for a in it:
                 if step(a, observation_mode=mode)[2]:
                     break
             else:
-                break
+                return
         env.room_state, env.player_position = saved[0].copy(), saved[1].copy()
         env.boxes_on_target = 0
-    return clock.rates(n)
+
+
+@no_gc
+def steps_per_s(
+    GymSokoban, seed: int, rooms: int, n_ours: int, n_theirs: dict[str, int]
+) -> tuple[tuple[float, float], dict[str, tuple[float, float]]]:
+    """Ours, then gym-sokoban in each observation mode of ``n_theirs``, room by room over
+    ``rooms`` rooms (room seeds ``seed * rooms + i``; each side its own generator's room), so
+    a slow moment of the machine falls on every side alike. Returns (ours' (wall, CPU) steps
+    per second, theirs' per mode)."""
+    rng = np.random.default_rng(seed)
+    ours_env = SokobanEnv(max_episode_steps=None)
+    ours_clock = Clock()
+    theirs_env = None
+    if GymSokoban is not None:
+        theirs_env = GymSokoban(dim_room=(6, 6), num_boxes=1, max_steps=10**12, reset=False)
+    theirs_clocks = {mode: Clock() for mode in n_theirs}
+    splits = {mode: _split(n, rooms) for mode, n in n_theirs.items()}
+    for room, steps in enumerate(_split(n_ours, rooms)):
+        room_seed = seed * rooms + room
+        moves = [MOVES[i] for i in rng.integers(4, size=steps).tolist()]
+        _ours_room_steps(ours_env, room_seed, moves, ours_clock)
+        if theirs_env is None:
+            continue
+        for mode, clock in theirs_clocks.items():
+            # 1..4: push (or move) up/down/left/right
+            their_moves = (rng.integers(4, size=splits[mode][room]) + 1).tolist()
+            _theirs_room_steps(theirs_env, room_seed, their_moves, mode, clock)
+    theirs = {mode: theirs_clocks[mode].rates(n) for mode, n in n_theirs.items()}
+    return ours_clock.rates(n_ours), theirs
 
 
 # -- (b), (c) generation -----------------------------------------------------------------------
@@ -289,6 +319,9 @@ def main() -> None:
         "--steps-theirs", type=int, default=20_000, help="tiny_rgb_array, per repeat"
     )
     parser.add_argument("--rgb-steps", type=int, default=600, help="rgb_array, steps per repeat")
+    parser.add_argument(
+        "--step-rooms", type=int, default=20, help="rooms the steps of a repeat are spread over"
+    )
     parser.add_argument("--rooms-small", type=int, default=5000, help="ours, 6x6/1 per repeat")
     parser.add_argument("--rooms-small-theirs", type=int, default=200)
     parser.add_argument("--rooms-large", type=int, default=40, help="ours, 10x10/3 per repeat")
@@ -323,17 +356,20 @@ def main() -> None:
                     theirs[key].append(fn(r))
         return {key: summarise(ours, theirs[key] if peer else None) for key in theirs_fns}
 
-    results.update(
-        paired(
-            "steps/s",
-            lambda r: ours_steps_per_s(args.steps, r),
-            steps_per_s=lambda r: theirs_steps_per_s(
-                GymSokoban, args.steps_theirs, r, "tiny_rgb_array"
-            ),
-            steps_per_s_vs_rgb_array=lambda r: theirs_steps_per_s(
-                GymSokoban, args.rgb_steps, r, "rgb_array"
-            ),
+    # (a) steps: ours and theirs interleaved room by room inside each repeat
+    modes = {"tiny_rgb_array": args.steps_theirs, "rgb_array": args.rgb_steps}
+    ours_steps: list = []
+    theirs_steps: dict[str, list] = {mode: [] for mode in modes}
+    for r in tqdm(range(R), desc="steps/s", leave=False):
+        ours_rate, theirs_rates = steps_per_s(
+            GymSokoban, r, args.step_rooms, args.steps, modes if peer else {}
         )
+        ours_steps.append(ours_rate)
+        for mode, rate in theirs_rates.items():
+            theirs_steps[mode].append(rate)
+    results["steps_per_s"] = summarise(ours_steps, theirs_steps["tiny_rgb_array"] if peer else None)
+    results["steps_per_s_vs_rgb_array"] = summarise(
+        ours_steps, theirs_steps["rgb_array"] if peer else None
     )
     if not peer:
         del results["steps_per_s_vs_rgb_array"]

@@ -5,14 +5,17 @@
         --out benchmarks/results/vector_alfworld_synthetic.json
 
 Each configuration runs at least ``--vec-steps`` batched steps and ``--min-env-steps`` env steps
-with random admissible actions (resetting when every env is done); after one untimed run of each
-(a worker parses its games once), repeat r runs the in-process env, then the pool, ``--repeats``
-times. Only ``vec.step`` and ``vec.reset`` are timed, not the
-policy: in wall clock, and in CPU time (the main process's ``time.process_time`` over the timed
-calls, plus the pool's workers' CPU time over the repeat, read with psutil: a worker idles between
-steps). Garbage is collected before each repeat and the collector is off inside it. The table gives
-the median env-steps per wall second and the pool / in-process ratios in CPU time (env steps per
-CPU second: below 1 means the pool spends more CPU per step) and in wall clock, per repeat.
+per repeat with random admissible actions (resetting when every env is done). Before timing, every
+repeat's work runs once untimed on each backend: workers start and import, ALFWorld games are
+parsed and Sokoban rooms generated (both memoised per process). A repeat then plays the same
+seeded work on both backends in ``--chunks`` slices that alternate (in-process, pool; then pool,
+in-process; ...), so a slow moment of the machine falls on both rather than on whichever ran
+then. Only ``vec.step`` and ``vec.reset`` are timed, not the policy: in wall clock, and in CPU
+time (the main process's ``time.process_time`` over the timed calls, plus the pool's workers' CPU
+time over each slice, read with psutil: a worker idles between steps). Garbage is collected
+before each slice and the collector is off inside it. The table gives the median env-steps per
+wall second and the pool / in-process ratios in CPU time (env steps per CPU second: below 1 means
+the pool spends more CPU per step) and in wall clock, per repeat.
 """
 
 from __future__ import annotations
@@ -48,32 +51,63 @@ def worker_cpu_seconds(vec: GroupVectorEnv) -> float:
     return total
 
 
-def measure(vec: GroupVectorEnv, vec_steps: int, seed: int) -> tuple[float, float]:
-    """Env steps per wall second and per CPU second (main process + pool workers)."""
-    rng = np.random.default_rng(seed)
-    wall = cpu = 0.0
-    env_steps = 0
-    clock, cpu_clock = time.perf_counter, time.process_time
-    gc.collect()
-    gc.disable()
-    workers0 = worker_cpu_seconds(vec)
-    t0, c0 = clock(), cpu_clock()
-    obs, infos = vec.reset(seed=seed)
-    wall, cpu = clock() - t0, cpu_clock() - c0
-    for _ in range(vec_steps):
-        if vec.all_done:
+class TimedRun:
+    """One backend's share of a repeat: seeded random play, timed slice by slice."""
+
+    def __init__(self, vec: GroupVectorEnv, seed: int) -> None:
+        self.vec = vec
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.obs: list | None = None
+        self.infos: dict | None = None
+        self.wall = self.cpu = 0.0
+        self.env_steps = 0
+
+    def play(self, vec_steps: int) -> None:
+        """``vec_steps`` batched steps (resetting when every env is done), the first call
+        starting with ``reset(seed=...)``; adds their wall and CPU seconds and env steps."""
+        vec, clock, cpu_clock = self.vec, time.perf_counter, time.process_time
+        gc.collect()
+        gc.disable()
+        workers0 = worker_cpu_seconds(vec)
+        wall = cpu = 0.0
+        if self.obs is None:
             t0, c0 = clock(), cpu_clock()
-            obs, infos = vec.reset()
+            self.obs, self.infos = vec.reset(seed=self.seed)
+            wall, cpu = clock() - t0, cpu_clock() - c0
+        for _ in range(vec_steps):
+            if vec.all_done:
+                t0, c0 = clock(), cpu_clock()
+                self.obs, self.infos = vec.reset()
+                wall, cpu = wall + clock() - t0, cpu + cpu_clock() - c0
+            actions = random_policy(self.obs, self.infos, self.rng)
+            live = int(vec.active.sum())
+            t0, c0 = clock(), cpu_clock()
+            self.obs, _, _, _, self.infos = vec.step(actions)
             wall, cpu = wall + clock() - t0, cpu + cpu_clock() - c0
-        actions = random_policy(obs, infos, rng)
-        live = int(vec.active.sum())
-        t0, c0 = clock(), cpu_clock()
-        obs, _, _, _, infos = vec.step(actions)
-        wall, cpu = wall + clock() - t0, cpu + cpu_clock() - c0
-        env_steps += live
-    cpu += worker_cpu_seconds(vec) - workers0
-    gc.enable()
-    return env_steps / wall, env_steps / cpu
+            self.env_steps += live
+        cpu += worker_cpu_seconds(vec) - workers0
+        gc.enable()
+        self.wall += wall
+        self.cpu += cpu
+
+    @property
+    def rates(self) -> tuple[float, float]:
+        """Env steps per wall second and per CPU second (main process + pool workers)."""
+        return self.env_steps / self.wall, self.env_steps / self.cpu
+
+
+def measure_pair(
+    vecs: dict[str, GroupVectorEnv], vec_steps: int, seed: int, chunks: int
+) -> dict[str, tuple[float, float]]:
+    """The same seeded work on every backend, in ``chunks`` slices whose order alternates."""
+    runs = {backend: TimedRun(vec, seed) for backend, vec in vecs.items()}
+    order = list(runs)
+    sizes = [vec_steps // chunks + (i < vec_steps % chunks) for i in range(chunks)]
+    for i, size in enumerate(sizes):
+        for backend in order if i % 2 == 0 else order[::-1]:
+            runs[backend].play(size)
+    return {backend: run.rates for backend, run in runs.items()}
 
 
 def main() -> None:
@@ -92,6 +126,12 @@ def main() -> None:
         help="env steps per repeat, at least (more batched steps for few envs)",
     )
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--chunks",
+        type=int,
+        default=10,
+        help="slices per repeat, alternating between the backends",
+    )
     p.add_argument("--out", default=str(RESULTS / "vector.json"))
     args = p.parse_args()
 
@@ -108,11 +148,16 @@ def main() -> None:
             for backend in ("inprocess", "process")
         }
         runs: dict[str, list[tuple[float, float]]] = {backend: [] for backend in vecs}
-        for vec in vecs.values():  # untimed: workers start, import and parse their games
-            measure(vec, vec_steps, args.repeats)
-        for seed in range(args.repeats):  # interleaved: load drift falls on both alike
-            for backend, vec in vecs.items():
-                runs[backend].append(measure(vec, vec_steps, seed))
+        # untimed: every repeat's work once, so workers have started and imported, ALFWorld
+        # games are parsed and Sokoban rooms generated (both memoised per process) before the
+        # clock runs. Generating a room costs milliseconds and varies with the seed, so with it
+        # timed the in-process side's rate moved 1.4x between repeats while the pool's,
+        # bound by the pipe, hardly moved, and the ratio followed the seeds, not the backends.
+        for seed in range(args.repeats):
+            measure_pair(vecs, vec_steps, seed, 1)
+        for seed in range(args.repeats):
+            for backend, rates in measure_pair(vecs, vec_steps, seed, args.chunks).items():
+                runs[backend].append(rates)
         for vec in vecs.values():
             vec.close()
         for backend, rates in runs.items():
@@ -150,9 +195,13 @@ def main() -> None:
         "vec_steps": args.vec_steps,
         "min_env_steps": args.min_env_steps,
         "repeats": args.repeats,
+        "chunks_per_repeat": args.chunks,
+        "warm_up": "every repeat's seeds played once untimed on each backend first (games "
+        "parsed, rooms generated and memoised)",
         "timing": "vec.reset + vec.step only; wall clock, and CPU time = the main process's "
         "process_time over those calls + the pool workers' CPU over the repeat (psutil); "
-        "in-process and pool alternate repeat by repeat; ratios = pool / in-process per repeat, "
+        "in-process and pool alternate slice by slice (--chunks per repeat) over the same "
+        "seeded work; ratios = pool / in-process per repeat, "
         "medians over repeats",
         "load_average_1min_before_after": [load_before, os.getloadavg()[0]],
         "results": rows,

@@ -627,6 +627,49 @@ def _sr1_bm25_row(source: str, batch: str) -> Row:
     return Row(source, make)
 
 
+SEARCHR1_BUILDS = "searchr1_1m_builds.json"
+
+
+def _sr1_build_row(label: str, key: str, unit: str) -> Row:
+    """A build measure: medians of both, the ratio Search-R1 / ours with each repeat's."""
+
+    def make(d: Results) -> Cells | None:
+        med = d["builds_median"].get(key)
+        if med is None:
+            return None
+        per = d["build_ratios_per_repeat"].get(key)
+        ratio = med["search_r1"] / med["ours"]
+        return [
+            label,
+            f"{num(med['search_r1'])}{unit}",
+            f"{num(med['ours'])}{unit}",
+            ratio_cell(statistics.median(per), per) if per else x(ratio),
+        ]
+
+    return Row(SEARCHR1_BUILDS, make)
+
+
+def _sr1_server_row(label: str, key: str, unit: str) -> Row:
+    def make(d: Results) -> Cells | None:
+        v = d["server"][key]
+        return [label, f"{num(v['search_r1'])}{unit}", f"{num(v['ours'])}{unit}",
+                x(v["search_r1"] / v["ours"])]  # fmt: skip
+
+    return Row(SEARCHR1_BUILDS, make)
+
+
+def _sr1_builds_caption(load: Callable[[str], Results | None]) -> str | None:
+    d = load(SEARCHR1_BUILDS)
+    if d is None:
+        return None
+    s = d["settings"]
+    return (
+        f"{s['passages']:,} passages, {s['repeats']} builds of each, alternating; medians, and "
+        "the ratio Search-R1 / ours with each repeat's; the servers run over the last builds "
+        f"(`results/{SEARCHR1_BUILDS}`{_load_note(d)}):"
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Sokoban (bench_sokoban.py), WebShop reward (bench_webshop_reward.py), BM25 (bench_bm25.py)
 # ---------------------------------------------------------------------------------------------
@@ -673,10 +716,12 @@ def _sokoban_caption(load: Callable[[str], Results | None]) -> str | None:
     if d is None:
         return None
     s = d["settings"]
+    rooms = s.get("step_rooms")
+    over = f" over {rooms} rooms, alternating room by room" if rooms else ""
     return (
         f"Medians of {s['repeats']} repeats, ours and theirs alternating; per repeat "
         f"{s['steps']:,} of our steps against {s.get('steps_theirs', s['steps']):,} of theirs "
-        f"(and {s['rgb_steps']:,} in `rgb_array`), {s['rooms_small']:,} against "
+        f"(and {s['rgb_steps']:,} in `rgb_array`){over}, {s['rooms_small']:,} against "
         f"{s['rooms_small_theirs']:,} 6x6 rooms, {s['rooms_large']:,} 10x10 rooms against what "
         f"gym-sokoban finishes in {num(s['budget'])} s of its CPU time; rates per process CPU "
         "second, ratios in CPU time and in wall clock, garbage collected between measures "
@@ -818,8 +863,15 @@ def _vector_caption(load: Callable[[str], Results | None]) -> str | None:
         f"{d['min_env_steps']:,} env steps (`results/{name}`{_load_note(d)})"
         for name, d in runs
     )
+    chunks = runs[0][1].get("chunks_per_repeat")
+    alternation = (
+        f"in-process and pool alternating in {chunks} slices of each repeat's seeded work, "
+        "every repeat's work played once untimed first"
+        if chunks
+        else "in-process and pool alternating"
+    )
     return (
-        "Medians over repeats, in-process and pool alternating; env steps per CPU second (of "
+        f"Medians over repeats, {alternation}; env steps per CPU second (of "
         f"the main process, plus the pool's {runs[0][1]['workers']} workers for the pool); "
         "pool / in-process in CPU time and in wall clock, each repeat's in brackets (below 1: "
         "the pool spends more CPU, or more time, per env step). "
@@ -1672,6 +1724,22 @@ TABLES: list[Table] = [
             for source in (SEARCHR1, "searchr1_200k.json", "searchr1_1m.json")
             for n in ("1", "16", "128")
         ],
+    ),
+    Table(
+        name="searchr1-builds",
+        file=BENCH_README,
+        header=["measure", "Search-R1 (Lucene)", "agentgym (bm25s)", "ratio Search-R1 / ours"],
+        rows=[
+            _sr1_build_row("index build, wall", "wall_s", " s"),
+            _sr1_build_row("index build, CPU (all threads)", "cpu_s", " s"),
+            _sr1_build_row("index build, peak resident memory", "peak_rss_mib", " MiB"),
+            _sr1_build_row("index on disk", "index_mib", " MiB"),
+            _sr1_server_row("server start to first answer", "server_ready_s", " s"),
+            _sr1_server_row(
+                "server resident memory, after every query once", "server_rss_mib", " MiB"
+            ),
+        ],
+        caption=_sr1_builds_caption,
     ),
 ]
 
