@@ -672,6 +672,10 @@ def main_builds(args) -> int:
                     cmd = ours_build_command(corpus, index, "--kind", "bm25")
                     run = run_measured(cmd, env_ours, log, work)
                 run["index_mib"] = dir_mib(index)
+                if (index / "docs").is_dir():
+                    # ours keeps the passages in the index folder; Search-R1's Lucene index
+                    # stores none (its server reads them from the corpus file)
+                    run["documents_mib"] = dir_mib(index / "docs")
                 if repeat == args.repeats - 1:
                     # the server over the last build, as a user starts it: time to its first
                     # answer, then its memory after answering every query once
@@ -700,6 +704,8 @@ def main_builds(args) -> int:
 
     keys = ["wall_s", "cpu_s", "peak_rss_mib", "index_mib"]
     summary = {key: {n: med(n, key) for n in runs} for key in keys}
+    summary["documents_mib"] = {"ours": med("ours", "documents_mib")}
+    summary["corpus_file_mib"] = corpus.stat().st_size / 2**20
     server = {
         key: {n: runs[n][-1][key] for n in runs}
         for key in ("server_ready_s", "server_rss_mib", "server_peak_rss_mib")

@@ -663,10 +663,20 @@ def _sr1_builds_caption(load: Callable[[str], Results | None]) -> str | None:
     if d is None:
         return None
     s = d["settings"]
+    before, after = d["machine"]["load_average_1min_before_after"]
+    docs = d["builds_median"].get("documents_mib", {}).get("ours")
+    held = (
+        f"; ours holds the passages too ({num(docs)} MiB of its index), Lucene's index none "
+        f"(Search-R1's server reads them from the {num(d['builds_median']['corpus_file_mib'])} "
+        "MiB corpus file)"
+        if docs
+        else ""
+    )
     return (
         f"{s['passages']:,} passages, {s['repeats']} builds of each, alternating; medians, and "
-        "the ratio Search-R1 / ours with each repeat's; the servers run over the last builds "
-        f"(`results/{SEARCHR1_BUILDS}`{_load_note(d)}):"
+        "the ratio Search-R1 / ours with each repeat's (below 1: ours costs more); the servers "
+        f"run over the last builds{held} (`results/{SEARCHR1_BUILDS}`, load average "
+        f"{before:.1f} before and {after:.1f} after):"
     )
 
 
