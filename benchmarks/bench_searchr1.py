@@ -656,6 +656,7 @@ def main_builds(args) -> int:
     runs: dict[str, list[dict[str, float]]] = {"search_r1": [], "ours": []}
     try:
         docs, corpus, queries = corpus_and_queries(work, args.corpus_size, "corpus/corpus.jsonl")
+        corpus_mib = corpus.stat().st_size / 2**20  # the folder is gone after the run
         java_home = ensure_java()
         env_theirs, env_ours = _search_r1_env(java_home), dict(os.environ)
         bodies = [
@@ -705,7 +706,7 @@ def main_builds(args) -> int:
     keys = ["wall_s", "cpu_s", "peak_rss_mib", "index_mib"]
     summary = {key: {n: med(n, key) for n in runs} for key in keys}
     summary["documents_mib"] = {"ours": med("ours", "documents_mib")}
-    summary["corpus_file_mib"] = corpus.stat().st_size / 2**20
+    summary["corpus_file_mib"] = corpus_mib
     server = {
         key: {n: runs[n][-1][key] for n in runs}
         for key in ("server_ready_s", "server_rss_mib", "server_peak_rss_mib")
