@@ -52,9 +52,9 @@ bm25`` of the same corpus file, each in its own process. ``--clients`` N concurr
 query per request in Search-R1's request shape, each its next request when the last is answered,
 until ``--requests`` are answered; ``--repeats`` windows per client count, the servers' order
 alternating, after ``--warmup`` passes at 16 clients, then at each N passes of 1,024 requests
-until three agree within 10% in CPU time (client and server). Reported per N: medians of the total time, time per request,
-p50/p99 latency, the server process's CPU time (user + system, all threads, from /proc) and the
-load generator's,
+until three agree within 10% in CPU time (client and server). Reported per N: medians of the
+total time, time per request, p50/p99 latency, the server process's CPU time (user + system,
+all threads, from /proc) and the load generator's,
 and the medians of the per-repeat Search-R1 / ours ratios of total time and server CPU. Top-k
 identity: each query alone, top 3 and top 10, passage texts in order (Search-R1's BM25 answer
 has no ids) and scores.
@@ -278,6 +278,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def one_query_bodies(queries: list[str]) -> list[bytes]:
+    """One ``/retrieve`` body per query, in Search-R1's request shape (top 3, with scores)."""
+    return [
+        json.dumps({"queries": [q], "topk": 3, "return_scores": True}).encode() for q in queries
+    ]
+
+
 def warm_until_steady(
     one_pass: Callable[[], None], pid: int, *, tol: float = 0.1, max_passes: int = 30
 ) -> int:
@@ -463,9 +470,7 @@ def bench_servers(
     """Server against server: the same top-k check, then for each client count ``--repeats``
     closed-loop windows of ``--requests`` one-query requests per server, the servers' order
     alternating window by window. Returns (top-k identity, results per client count)."""
-    bodies = [
-        json.dumps({"queries": [q], "topk": 3, "return_scores": True}).encode() for q in queries
-    ]
+    bodies = one_query_bodies(queries)
     same_top_k = {}
     for k in (3, 10):
         lists = {name: top_k_lists(url, queries, k) for name, url in urls.items()}
@@ -659,9 +664,7 @@ def main_builds(args) -> int:
         corpus_mib = corpus.stat().st_size / 2**20  # the folder is gone after the run
         java_home = ensure_java()
         env_theirs, env_ours = _search_r1_env(java_home), dict(os.environ)
-        bodies = [
-            json.dumps({"queries": [q], "topk": 3, "return_scores": True}).encode() for q in queries
-        ]
+        bodies = one_query_bodies(queries)
         print(f"{len(docs):,} passages: {args.repeats} builds each, alternating", flush=True)
         for repeat in range(args.repeats):
             for name in ("search_r1", "ours") if repeat % 2 == 0 else ("ours", "search_r1"):

@@ -120,10 +120,6 @@ def _split(n: int, parts: int) -> list[int]:
     return [n // parts + (i < n % parts) for i in range(parts)]
 
 
-def _split(n: int, parts: int) -> list[int]:
-    return [n // parts + (i < n % parts) for i in range(parts)]
-
-
 def _ours_room_steps(env: SokobanEnv, room_seed: int, moves: list[str], clock: Clock) -> None:
     env.reset(seed=room_seed)
     step, it = env.step, iter(moves)
